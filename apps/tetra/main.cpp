@@ -1,0 +1,55 @@
+// tetra: dispatches `tetra <command> ...` to the command's own parser.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "commands.h"
+#include "core/error.h"
+
+namespace tetra::cli {
+// One declaration and one table row per command.
+}  // namespace tetra::cli
+
+namespace {
+
+using tetra::cli::Command;
+
+const Command kCommands[] = {
+    {"", "", nullptr},  // placeholder until the first command lands
+};
+
+void print_usage(FILE* out) {
+  std::fprintf(out, "usage: tetra <command> [options]\n\ncommands:\n");
+  for (const Command& c : kCommands)
+    if (c.run) std::fprintf(out, "  %-16s %s\n", c.name, c.summary);
+  std::fprintf(out, "\n`tetra <command> --help` describes a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    print_usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Command& c : kCommands) {
+    if (!c.run || std::strcmp(argv[1], c.name) != 0) continue;
+    std::string prog = std::string("tetra ") + c.name;
+    argv[1] = prog.data();
+    try {
+      return c.run(argc - 1, argv + 1);
+    } catch (const tetra::Error& e) {
+      std::fprintf(stderr, "tetra %s: %s\n", c.name, e.what());
+      return 1;
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "tetra %s: out of memory\n", c.name);
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tetra %s: %s\n", c.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "tetra: unknown command '%s' (try `tetra --help`)\n", argv[1]);
+  return 2;
+}

@@ -1,0 +1,181 @@
+// The backend interface: every op a model's forward pass needs, over ragged batches of tokens
+// drawn from many sequences at once. Models are written once against this header; the CPU
+// backend (ops/cpu) is the fp32 reference and the CUDA backend (ops/cuda) the fast path.
+//
+// Conventions
+// - Activations are row-major [T, ...] with one row per token of the batch (T = sum of the
+//   tokens every sequence contributes this step). The CPU backend keeps them in F32.
+// - Weights stay in their stored dtype (BF16, F16, F32, NVFP4, FP8) and are decoded inside
+//   the op; a backend never expands a whole layer to a wider type.
+// - Tensors passed to an op live on the backend's device. Nothing inside an op waits on the
+//   host: metadata (positions, slots, block tables) is uploaded once per step by the caller.
+// - Every op takes an explicit Context (stream, thread pool, workspace, device properties).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace tetra::ops {
+
+struct DeviceProps {
+  std::string name;
+  int sm_count = 0;
+  int64_t l2_bytes = 0;
+  int64_t max_smem_per_block = 0;
+  int cc_major = 0, cc_minor = 0;
+};
+
+// Scratch memory an op may use for the duration of one call.
+struct Workspace {
+  void* data = nullptr;
+  int64_t bytes = 0;
+};
+
+// What an op may use besides its arguments. Passed explicitly; there are no globals.
+struct Context {
+  void* stream = nullptr;          // cudaStream_t on the CUDA backend, null on the CPU
+  ThreadPool* pool = nullptr;      // worker threads of the CPU backend
+  Workspace workspace;
+  const DeviceProps* props = nullptr;
+};
+
+enum class WeightFormat : uint8_t {
+  Dense,  // weight BF16/F16/F32 [n_out, n_in]
+  Nvfp4,  // weight U8 [n_out, n_in/2], 2 e2m1 codes a byte, low nibble = even index;
+          // block_scale F8_E4M3 [n_out, n_in/16]; W = e2m1 * f32(block_scale) * global_scale
+  Fp8,    // weight F8_E4M3 [n_out, n_in]; W = f32(e4m3) * global_scale (per-tensor scale)
+};
+
+// A linear layer y = x W^T (+ bias), W of shape [n_out, n_in], kept as it is stored.
+struct LinearWeight {
+  WeightFormat format = WeightFormat::Dense;
+  int64_t n_out = 0, n_in = 0;
+  TensorView weight;
+  TensorView block_scale;    // Nvfp4 only
+  float global_scale = 1.0f; // Nvfp4: weight_scale_2; Fp8: weight_scale
+  float input_scale = 0.0f;  // static activation scale of W4A4 checkpoints; 0 when absent
+  TensorView bias;           // optional [n_out]
+};
+
+// One gated MLP: down(silu(gate(x)) * up(x)).
+struct MlpWeights {
+  LinearWeight gate, up, down;
+};
+
+enum class Scoring : uint8_t { Softmax, Sigmoid };
+
+// How router logits become each token's experts and weights (FORMATS.md §2.2).
+struct RoutingSpec {
+  Scoring scoring = Scoring::Softmax;
+  int top_k = 0;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+  int n_group = 1, topk_group = 1;  // sigmoid routing: keep the best topk_group of n_group groups
+  TensorView correction_bias;       // F32 [E], sigmoid routing only; used for selection alone
+};
+
+// Routed experts prepared by a backend for its MoE kernels (the CPU keeps views of the
+// checkpoint; the CUDA backend packs them into its own layout).
+class MoeExperts {
+ public:
+  virtual ~MoeExperts() = default;
+  virtual int64_t n_experts() const = 0;
+};
+
+// Where a batch's tokens sit and which cache slots they read and write.
+struct AttentionBatch {
+  int n_tokens = 0;
+  int n_seqs = 0;
+  int block_size = 0;           // tokens per KV block
+  int max_blocks_per_seq = 0;   // row length of block_tables
+  TensorView positions;         // I32 [T]: position of each token in its sequence
+  TensorView slot_mapping;      // I32 [T]: cache slot (block * block_size + offset) it writes
+  TensorView seq_starts;        // I32 [S+1]: tokens [seq_starts[s], seq_starts[s+1]) are sequence s
+  TensorView block_tables;      // I32 [S, max_blocks_per_seq]: the KV blocks of each sequence
+};
+
+// One layer of a paged KV cache: [n_blocks, block_size, n_kv_heads, head_dim].
+struct KvCacheLayer {
+  TensorView k, v;
+};
+
+struct RopeSpec {
+  TensorView inv_freq;            // F32 [rotary_dim / 2]
+  float attention_scaling = 1.0f; // YaRN multiplies cos and sin by this
+  int rotary_dim = 0;             // the first rotary_dim of each head are rotated
+  bool interleaved = false;       // pairs (2i, 2i+1) (GPT-J) instead of (i, i + rotary_dim/2)
+};
+
+// An owning device buffer.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual TensorView view() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;
+  virtual Context& context() = 0;
+  // The element type the backend keeps activations in.
+  virtual DType activation_dtype() const = 0;
+
+  // ---- memory ----
+  virtual std::unique_ptr<Buffer> alloc(DType dtype, Shape shape) = 0;
+  virtual void copy_from_host(TensorView dst, const void* src) = 0;
+  virtual void copy_to_host(void* dst, TensorView src) = 0;
+  virtual void fill_zero(TensorView dst) = 0;
+  // Makes a checkpoint weight (host view, usually mmap'd) usable by this backend's ops. The
+  // result stays valid while the backend and the source mapping live.
+  virtual LinearWeight upload(const LinearWeight& host) = 0;
+  virtual TensorView upload(TensorView host) = 0;
+  virtual std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts) = 0;
+  // Waits for queued work (a no-op on the CPU).
+  virtual void synchronize() = 0;
+
+  // ---- ops ----
+  // out[t] = table[ids[t]]; table [V, H] in its stored dtype, ids I32 [T].
+  virtual void embedding(const Context& ctx, TensorView table, TensorView ids, TensorView out) = 0;
+  // Over the last dimension of x [R, D]: out = weight * x / sqrt(mean(x^2) + eps).
+  virtual void rms_norm(const Context& ctx, TensorView x, TensorView weight, float eps,
+                        TensorView out) = 0;
+  // Over the last dimension: out = (x - mean) / sqrt(var + eps) * weight + bias.
+  virtual void layer_norm(const Context& ctx, TensorView x, TensorView weight, TensorView bias,
+                          float eps, TensorView out) = 0;
+  // out [T, n_out] = x [T, n_in] W^T (+ bias).
+  virtual void linear(const Context& ctx, TensorView x, const LinearWeight& w, TensorView out) = 0;
+  // Rotates the first rotary_dim of every head of x [T, n_heads, head_dim] in place.
+  virtual void rope(const Context& ctx, TensorView x, TensorView positions, const RopeSpec& rope) = 0;
+  // Writes k [T, n_kv_heads, d_k] and v [T, n_kv_heads, d_v] to their slots of the cache.
+  virtual void kv_write(const Context& ctx, TensorView k, TensorView v, const AttentionBatch& batch,
+                        const KvCacheLayer& cache) = 0;
+  // Causal attention of q [T, n_heads, d_k] over the cached keys of each token's sequence up
+  // to its own position; heads share KV heads in groups (GQA). out [T, n_heads, d_v].
+  virtual void attention(const Context& ctx, TensorView q, const KvCacheLayer& cache,
+                         const AttentionBatch& batch, float scale, TensorView out) = 0;
+  // out = silu(gate) * up, all [T, I].
+  virtual void silu_mul(const Context& ctx, TensorView gate, TensorView up, TensorView out) = 0;
+  // out = a + b (same shapes; out may alias a).
+  virtual void add(const Context& ctx, TensorView a, TensorView b, TensorView out) = 0;
+  // Chooses top_k experts per token from router logits [T, E] (F32):
+  // ids I32 [T, top_k], weights F32 [T, top_k].
+  virtual void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
+                     TensorView weights) = 0;
+  // out [T, H] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]).
+  virtual void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
+                           const MoeExperts& experts, TensorView out) = 0;
+  // out [R, D] = x[rows[r]] for rows I32 [R].
+  virtual void gather_rows(const Context& ctx, TensorView x, TensorView rows, TensorView out) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0);
+
+}  // namespace tetra::ops
