@@ -1,0 +1,40 @@
+// The CPU reference backend: fp32 arithmetic, weights read in their stored dtype, work split
+// over a thread pool. Clear over clever: it is what every fast path is checked against.
+#pragma once
+
+#include <memory>
+
+#include "ops/ops.h"
+
+namespace tetra::ops::cpu {
+
+// Reads element i of a tensor of a float-like dtype (F32, BF16, F16) as f32.
+float load_f32(const TensorView& t, int64_t i);
+
+// Decodes row `row` of a linear weight (any WeightFormat) into out[0 .. n_in).
+void decode_weight_row(const LinearWeight& w, int64_t row, float* out);
+
+// out[T, n_out] = x[T, n_in] W^T (+ bias); x and out F32.
+void linear_f32(ThreadPool* pool, const float* x, int64_t n_tokens, const LinearWeight& w, float* out);
+
+void rope(ThreadPool* pool, TensorView x, TensorView positions, const RopeSpec& rope);
+void kv_write(TensorView k, TensorView v, const AttentionBatch& batch, const KvCacheLayer& cache);
+void attention(ThreadPool* pool, TensorView q, const KvCacheLayer& cache, const AttentionBatch& batch,
+               float scale, TensorView out);
+
+void route(TensorView logits, const RoutingSpec& spec, TensorView ids, TensorView weights);
+
+class CpuExperts : public MoeExperts {
+ public:
+  explicit CpuExperts(std::vector<MlpWeights> experts) : experts_(std::move(experts)) {}
+  int64_t n_experts() const override { return int64_t(experts_.size()); }
+  const MlpWeights& expert(int64_t e) const { return experts_[e]; }
+
+ private:
+  std::vector<MlpWeights> experts_;
+};
+
+void moe_experts(ThreadPool* pool, TensorView x, TensorView ids, TensorView weights,
+                 const CpuExperts& experts, TensorView out);
+
+}  // namespace tetra::ops::cpu
