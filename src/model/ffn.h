@@ -1,0 +1,39 @@
+// The feed-forward half of a decoder layer, shared by every family: a dense gated MLP, or a
+// routed MoE with an optional shared expert.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "model/weights.h"
+#include "ops/ops.h"
+
+namespace tetra::model {
+
+struct FfnLayer {
+  bool is_moe = false;
+  ops::MlpWeights dense;                     // dense layers
+  ops::LinearWeight router;                  // MoE: [E, hidden]
+  ops::RoutingSpec routing;
+  std::unique_ptr<ops::MoeExperts> experts;
+  std::optional<ops::MlpWeights> shared;     // shared expert, unscaled
+};
+
+// Names of one family's FFN tensors under `model.layers.L.`.
+struct FfnNames {
+  const char* moe_prefix;       // "mlp." or "block_sparse_moe."
+  const char* router;           // "gate"
+  const char* experts;          // "experts."
+  const char* gate;             // "gate_proj" / "w1"
+  const char* up;               // "up_proj" / "w3"
+  const char* down;             // "down_proj" / "w2"
+  const char* shared;           // "shared_experts." or nullptr
+};
+
+FfnLayer load_ffn(WeightLoader& loader, ops::Backend& backend, const ModelConfig& c, int layer,
+                  const FfnNames& names);
+
+// out [T, hidden] = ffn(x [T, hidden]).
+void run_ffn(ops::Backend& backend, const FfnLayer& ffn, TensorView x, TensorView out);
+
+}  // namespace tetra::model

@@ -1,0 +1,158 @@
+#include "model/gqa_moe.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "model/ffn.h"
+#include "model/rope.h"
+#include "model/weights.h"
+
+namespace tetra::model {
+namespace {
+
+struct AttentionWeights {
+  ops::LinearWeight q, k, v, o;
+  TensorView q_norm, k_norm;  // per-head RMSNorm weights [head_dim] (qk-norm families)
+};
+
+struct Layer {
+  TensorView input_norm, post_attention_norm;
+  AttentionWeights attn;
+  FfnLayer ffn;
+};
+
+FfnNames ffn_names(ModelFamily family) {
+  if (family == ModelFamily::Mixtral)
+    return {"block_sparse_moe.", "gate", "experts.", "w1", "w3", "w2", nullptr};
+  return {"mlp.", "gate", "experts.", "gate_proj", "up_proj", "down_proj", "shared_experts."};
+}
+
+class GqaMoeModel : public Model {
+ public:
+  GqaMoeModel(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint, ops::Backend& backend,
+              const LoadOptions& options)
+      : config_(std::move(config)), checkpoint_(std::move(checkpoint)), backend_(backend) {
+    const ModelConfig& c = config_;
+    WeightLoader loader(*checkpoint_, backend_, options);
+    const int64_t hidden = c.hidden_size, q_width = c.n_heads * c.head_dim,
+                  kv_width = c.n_kv_heads * c.head_dim;
+    embed_ = loader.floats("model.embed_tokens.weight", {c.vocab_size, hidden});
+    const FfnNames names = ffn_names(c.family);
+    for (int l = 0; l < c.n_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      Layer layer;
+      layer.input_norm = loader.floats(p + "input_layernorm.weight", {hidden});
+      layer.post_attention_norm = loader.floats(p + "post_attention_layernorm.weight", {hidden});
+      AttentionWeights& a = layer.attn;
+      a.q = loader.linear(p + "self_attn.q_proj", q_width, hidden, c.attention_bias);
+      a.k = loader.linear(p + "self_attn.k_proj", kv_width, hidden, c.attention_bias);
+      a.v = loader.linear(p + "self_attn.v_proj", kv_width, hidden, c.attention_bias);
+      // o_proj carries a bias in some families (qwen3_moe with attention_bias), never in others.
+      a.o = loader.linear(p + "self_attn.o_proj", hidden, q_width,
+                          loader.has(p + "self_attn.o_proj.bias"));
+      if (c.qk_norm) {
+        a.q_norm = loader.floats(p + "self_attn.q_norm.weight", {c.head_dim});
+        a.k_norm = loader.floats(p + "self_attn.k_norm.weight", {c.head_dim});
+      }
+      layer.ffn = load_ffn(loader, backend_, c, l, names);
+      layers_.push_back(std::move(layer));
+    }
+    final_norm_ = loader.floats("model.norm.weight", {hidden});
+    if (c.tie_word_embeddings) {
+      lm_head_.weight = embed_;
+    } else {
+      lm_head_ = loader.linear("lm_head", c.vocab_size, hidden, false);
+    }
+    lm_head_.n_out = c.vocab_size;
+    lm_head_.n_in = hidden;
+
+    RopeFrequencies freqs = rope_frequencies(c.rope);
+    inv_freq_ = backend_.alloc(DType::F32, {int64_t(freqs.inv_freq.size())});
+    backend_.copy_from_host(inv_freq_->view(), freqs.inv_freq.data());
+    rope_.inv_freq = inv_freq_->view();
+    rope_.attention_scaling = freqs.attention_scaling;
+    rope_.rotary_dim = int(c.rope.rotary_dim);
+    rope_.interleaved = c.rope.interleaved;
+    stats_ = loader.stats();
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  LoadStats load_stats() const override { return stats_; }
+
+  std::vector<KvLayerShape> kv_layout() const override {
+    return std::vector<KvLayerShape>(size_t(config_.n_layers),
+                                     {config_.n_kv_heads, config_.head_dim, config_.head_dim});
+  }
+
+  void forward(const StepInputs& in, const std::vector<ops::KvCacheLayer>& cache,
+               TensorView logits) override {
+    const ModelConfig& c = config_;
+    ops::Backend& b = backend_;
+    const auto& ctx = b.context();
+    const DType act = b.activation_dtype();
+    const int64_t n_tokens = in.token_ids.numel(), hidden = c.hidden_size;
+    const int64_t n_heads = c.n_heads, n_kv = c.n_kv_heads, hd = c.head_dim;
+    TETRA_CHECK(int64_t(cache.size()) == c.n_layers, "forward: the KV cache has ", cache.size(),
+                " layers, the model ", c.n_layers);
+
+    auto h = b.alloc(act, {n_tokens, hidden});
+    auto x = b.alloc(act, {n_tokens, hidden});
+    auto y = b.alloc(act, {n_tokens, hidden});
+    auto q = b.alloc(act, {n_tokens, n_heads, hd});
+    auto k = b.alloc(act, {n_tokens, n_kv, hd});
+    auto v = b.alloc(act, {n_tokens, n_kv, hd});
+    auto attn = b.alloc(act, {n_tokens, n_heads, hd});
+    const float scale = 1.0f / std::sqrt(float(hd));
+
+    b.embedding(ctx, embed_, in.token_ids, h->view());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& layer = layers_[l];
+      const AttentionWeights& a = layer.attn;
+      b.rms_norm(ctx, h->view(), layer.input_norm, float(c.rms_norm_eps), x->view());
+      b.linear(ctx, x->view(), a.q, q->view().reshaped({n_tokens, n_heads * hd}));
+      b.linear(ctx, x->view(), a.k, k->view().reshaped({n_tokens, n_kv * hd}));
+      b.linear(ctx, x->view(), a.v, v->view().reshaped({n_tokens, n_kv * hd}));
+      if (c.qk_norm) {
+        b.rms_norm(ctx, q->view(), a.q_norm, float(c.rms_norm_eps), q->view());
+        b.rms_norm(ctx, k->view(), a.k_norm, float(c.rms_norm_eps), k->view());
+      }
+      b.rope(ctx, q->view(), in.attn.positions, rope_);
+      b.rope(ctx, k->view(), in.attn.positions, rope_);
+      b.kv_write(ctx, k->view(), v->view(), in.attn, cache[l]);
+      b.attention(ctx, q->view(), cache[l], in.attn, scale, attn->view());
+      b.linear(ctx, attn->view().reshaped({n_tokens, n_heads * hd}), a.o, y->view());
+      b.add(ctx, h->view(), y->view(), h->view());
+
+      b.rms_norm(ctx, h->view(), layer.post_attention_norm, float(c.rms_norm_eps), x->view());
+      run_ffn(b, layer.ffn, x->view(), y->view());
+      b.add(ctx, h->view(), y->view(), h->view());
+    }
+    // The final norm is row-wise, so only the rows whose logits are wanted need it.
+    const int64_t n_rows = in.logit_rows.numel();
+    auto rows = b.alloc(act, {n_rows, hidden});
+    b.gather_rows(ctx, h->view(), in.logit_rows, rows->view());
+    b.rms_norm(ctx, rows->view(), final_norm_, float(c.rms_norm_eps), rows->view());
+    b.linear(ctx, rows->view(), lm_head_, logits);
+  }
+
+ private:
+  ModelConfig config_;
+  std::unique_ptr<Checkpoint> checkpoint_;  // owns the mapping the CPU weights point into
+  ops::Backend& backend_;
+  TensorView embed_, final_norm_;
+  ops::LinearWeight lm_head_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<ops::Buffer> inv_freq_;
+  ops::RopeSpec rope_;
+  LoadStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_gqa_moe(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint,
+                                    ops::Backend& backend, const LoadOptions& options) {
+  return std::make_unique<GqaMoeModel>(std::move(config), std::move(checkpoint), backend, options);
+}
+
+}  // namespace tetra::model

@@ -1,0 +1,57 @@
+// A loaded model: its config, the KV layout it needs, and one forward step over a ragged batch.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/model_config.h"
+#include "ops/ops.h"
+
+namespace tetra::model {
+
+// What one layer stores per cached token: KV heads x (key width, value width).
+struct KvLayerShape {
+  int64_t n_kv_heads = 0;
+  int64_t k_dim = 0;
+  int64_t v_dim = 0;
+};
+
+// The inputs of one step, already on the backend's device.
+struct StepInputs {
+  TensorView token_ids;     // I32 [T]
+  ops::AttentionBatch attn;
+  TensorView logit_rows;    // I32 [R]: the token rows whose next-token logits are wanted
+};
+
+struct LoadStats {
+  int64_t tensors = 0;
+  int64_t bytes = 0;
+};
+
+struct LoadOptions {
+  // Called after each tensor is checked and made available to the backend.
+  std::function<void(const LoadStats&)> on_progress;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual std::vector<KvLayerShape> kv_layout() const = 0;
+  // Runs every layer over the batch, writes its K/V to `cache` (one entry per layer) and the
+  // logits of the selected rows to `logits` (F32 [R, vocab]).
+  virtual void forward(const StepInputs& in, const std::vector<ops::KvCacheLayer>& cache,
+                       TensorView logits) = 0;
+  virtual LoadStats load_stats() const = 0;
+};
+
+// Loads DIR (config.json + safetensors) for `backend`; every tensor is checked against the
+// config before use and a problem is one sentence naming the file.
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir, ops::Backend& backend,
+                                  const LoadOptions& options = {});
+
+}  // namespace tetra::model
