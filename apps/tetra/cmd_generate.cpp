@@ -1,0 +1,192 @@
+// tetra generate: one prompt in, generated tokens out, on the chosen backend.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "model_summary.h"
+#include "progress.h"
+#include "runtime/kv_cache.h"
+#include "runtime/sampler.h"
+#include "runtime/step_builder.h"
+#ifdef TETRA_HAVE_TOKENIZER
+#include "tokenizer/tokenizer.h"
+#endif
+
+namespace tetra::cli {
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TETRA_CHECK(used == item.size() && !item.empty() && v >= 0 && v <= INT32_MAX,
+                "--prompt-ids must be a comma-separated list of token ids, got '", item, "'");
+    ids.push_back(int32_t(v));
+  }
+  TETRA_CHECK(!ids.empty(), "--prompt-ids is empty");
+  return ids;
+}
+
+// FNV-1a over the bits of every logit the run produced: a changed number is a changed hash.
+struct Fingerprint {
+  uint32_t h = 2166136261u;
+  void add(const std::vector<float>& v) {
+    for (float f : v) {
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      for (int i = 0; i < 4; ++i) h = (h ^ ((bits >> (8 * i)) & 0xff)) * 16777619u;
+    }
+  }
+};
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  CLI::App app{"Generate tokens from a prompt.", "tetra generate"};
+  std::string model_dir, prompt, prompt_ids, device = "cpu";
+  int max_new_tokens = 16, threads = 0;
+  float temperature = 0.0f, top_p = 1.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+  bool json = false, ignore_eos = false;
+  app.add_option("--model", model_dir, "model folder (config.json, safetensors)")->required();
+  auto* p_text = app.add_option("--prompt", prompt, "prompt text (needs tokenizer.json)");
+  auto* p_ids = app.add_option("--prompt-ids", prompt_ids, "prompt token ids, comma-separated");
+  p_text->excludes(p_ids);
+  app.add_option("--max-new-tokens", max_new_tokens, "tokens to generate")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--temperature", temperature, "0 = greedy")->check(CLI::Range(0.0f, 2.0f));
+  app.add_option("--top-p", top_p, "nucleus mass in (0, 1]")->check(CLI::Range(1e-6f, 1.0f));
+  app.add_option("--top-k", top_k, "0 = all tokens")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", seed, "sampling seed");
+  app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--threads", threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
+  app.add_flag("--json", json, "print one JSON object on stdout");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  TETRA_CHECK(!prompt.empty() || !prompt_ids.empty(), "give a prompt with --prompt or --prompt-ids");
+  TETRA_CHECK(device == "cpu", "--device cuda needs the CUDA backend, which this build does not have yet");
+  const std::filesystem::path dir(model_dir);
+  TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
+
+#ifdef TETRA_HAVE_TOKENIZER
+  std::optional<tok::Tokenizer> tokenizer;
+  if (std::filesystem::exists(dir / "tokenizer.json")) tokenizer = tok::Tokenizer::load(dir);
+#endif
+  std::vector<int32_t> prompt_tokens;
+  if (!prompt_ids.empty()) {
+    prompt_tokens = parse_ids(prompt_ids);
+  } else {
+#ifdef TETRA_HAVE_TOKENIZER
+    TETRA_CHECK(tokenizer.has_value(), "--prompt needs ", (dir / "tokenizer.json").string(),
+                "; use --prompt-ids with a model that has no tokenizer");
+    for (auto id : tokenizer->encode(prompt)) prompt_tokens.push_back(int32_t(id));
+    TETRA_CHECK(!prompt_tokens.empty(), "the prompt encodes to no tokens");
+#else
+    fail("--prompt needs a build with the tokenizer; use --prompt-ids");
+#endif
+  }
+
+  auto backend = ops::make_cpu_backend(threads);
+  Progress progress("loading " + dir.filename().string());
+  model::LoadOptions options;
+  options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
+  auto model = model::load_model(dir, *backend, options);
+  const auto stats = model->load_stats();
+  progress.finish(stats.tensors, stats.bytes);
+  const ModelConfig& config = model->config();
+  std::fprintf(stderr, "%s\nbackend: %s\n", describe_architecture(config).c_str(), backend->name().c_str());
+
+  for (int32_t id : prompt_tokens)
+    TETRA_CHECK(id < config.vocab_size, "prompt token id ", id, " is outside the vocabulary of ",
+                config.vocab_size);
+  const int64_t total = int64_t(prompt_tokens.size()) + max_new_tokens;
+  TETRA_CHECK(total <= config.max_position_embeddings, "prompt (", prompt_tokens.size(),
+              " tokens) plus --max-new-tokens ", max_new_tokens,
+              " exceeds the model's context of ", config.max_position_embeddings);
+
+  const int block_size = 16;
+  const int64_t n_blocks = (total + block_size - 1) / block_size;
+  runtime::KvCache cache(*backend, model->kv_layout(), block_size, n_blocks);
+  std::vector<int32_t> blocks;
+  for (int32_t b = 0; b < n_blocks; ++b) blocks.push_back(b);
+  runtime::StepBuilder builder(*backend, block_size);
+  runtime::Sampler sampler(seed);
+  runtime::SamplingParams params{.temperature = temperature, .top_p = top_p, .top_k = top_k};
+
+  std::vector<int32_t> sequence = prompt_tokens, generated;
+  std::vector<float> logprobs, logits(size_t(config.vocab_size));
+  auto logits_buf = backend->alloc(DType::F32, {1, config.vocab_size});
+  Fingerprint fingerprint;
+  std::string finish_reason = "length";
+  const auto t0 = std::chrono::steady_clock::now();
+  double prefill_s = 0;
+  int64_t done = 0;  // tokens of `sequence` already in the cache
+  while (int64_t(generated.size()) < max_new_tokens) {
+    runtime::SeqChunk chunk{.tokens = std::span<const int32_t>(sequence).subspan(size_t(done)),
+                            .start_position = done,
+                            .blocks = blocks};
+    model->forward(builder.build({chunk}), cache.layers(), logits_buf->view());
+    backend->copy_to_host(logits.data(), logits_buf->view());
+    if (done == 0)
+      prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    done = int64_t(sequence.size());
+    fingerprint.add(logits);
+    const runtime::Sample s = sampler.sample(logits, params);
+    generated.push_back(s.token);
+    logprobs.push_back(s.logprob);
+    sequence.push_back(s.token);
+    const auto& eos = config.eos_token_ids;
+    if (!ignore_eos && std::find(eos.begin(), eos.end(), s.token) != eos.end()) {
+      finish_reason = "stop";
+      break;
+    }
+  }
+  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string text;
+#ifdef TETRA_HAVE_TOKENIZER
+  if (tokenizer) text = tokenizer->decode(std::vector<tok::TokenId>(generated.begin(), generated.end()));
+#endif
+  char fp[16];
+  std::snprintf(fp, sizeof fp, "#%08x", fingerprint.h);
+  const double decode_tps = generated.size() > 1 ? double(generated.size() - 1) / (total_s - prefill_s) : 0.0;
+  std::fprintf(stderr, "prompt %zu tokens in %.3f s; %zu tokens generated, %.1f tok/s decode; logits %s\n",
+               prompt_tokens.size(), prefill_s, generated.size(), decode_tps, fp);
+  if (json) {
+    nlohmann::json out = {{"token_ids", generated},
+                          {"logprobs", logprobs},
+                          {"text", text},
+                          {"finish_reason", finish_reason},
+                          {"prompt_tokens", prompt_tokens.size()},
+                          {"fingerprint", fp}};
+    std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("%s\n", text.empty() ? nlohmann::json(generated).dump().c_str() : text.c_str());
+  }
+  return 0;
+}
+
+}  // namespace tetra::cli

@@ -1,0 +1,91 @@
+// tetra inspect: what a model folder holds, from its config alone or with its weights.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "commands.h"
+#include "core/error.h"
+#include "formats/model_config.h"
+#include "formats/safetensors.h"
+#include "model_summary.h"
+#include "progress.h"
+
+namespace tetra::cli {
+
+int cmd_inspect(int argc, char** argv) {
+  CLI::App app{"Describe a model folder: architecture, sizes, tensors.", "tetra inspect"};
+  std::string model_dir;
+  bool json = false;
+  app.add_option("--model", model_dir, "model folder (config.json, optional safetensors)")->required();
+  app.add_flag("--json", json, "print one JSON object on stdout");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const std::filesystem::path dir(model_dir);
+  TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
+  const ModelConfig c = load_model_config(dir);
+  const ModelSizes sizes = model_sizes(c, 2);
+
+  nlohmann::json out = {
+      {"model_type", c.model_type},
+      {"layers", c.n_layers},
+      {"dense_layers", std::count(c.layer_is_moe.begin(), c.layer_is_moe.end(), false)},
+      {"hidden_size", c.hidden_size},
+      {"vocab_size", c.vocab_size},
+      {"attention", c.is_mla() ? "mla" : "gqa"},
+      {"heads", c.n_heads},
+      {"kv_heads", c.n_kv_heads},
+      {"routed_experts", c.n_routed_experts},
+      {"experts_per_token", c.n_experts_per_tok},
+      {"shared_experts", c.n_shared_experts},
+      {"mtp_layers", c.n_mtp_layers},
+      {"params_total", sizes.params_total},
+      {"params_active", sizes.params_active},
+      {"kv_bytes_per_token_bf16", sizes.kv_bytes_per_token},
+  };
+  const bool has_weights = std::filesystem::exists(dir / "model.safetensors") ||
+                           std::filesystem::exists(dir / "model.safetensors.index.json");
+  if (has_weights) {
+    auto ckpt = Checkpoint::open(dir);
+    std::map<std::string, int64_t> by_dtype;
+    int64_t n_tensors = 0, mtp_tensors = 0;
+    const std::string mtp_prefix = "model.layers." + std::to_string(c.n_layers) + ".";
+    for (const auto& name : ckpt->names()) {
+      const TensorInfo* info = ckpt->find(name);
+      by_dtype[std::string(dtype_name(info->dtype))] += int64_t(info->end - info->begin);
+      ++n_tensors;
+      if (name.rfind(mtp_prefix, 0) == 0) ++mtp_tensors;
+    }
+    out["weights"] = {{"tensors", n_tensors}, {"bytes", ckpt->total_bytes()},
+                      {"bytes_by_dtype", by_dtype}, {"mtp_tensors", mtp_tensors}};
+  }
+  if (json) {
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::printf("%s\n", describe_architecture(c).c_str());
+  std::printf("parameters: %.3f B total, %.3f B active per token\n", double(sizes.params_total) / 1e9,
+              double(sizes.params_active) / 1e9);
+  std::printf("KV cache: %s per token at bf16 (%s)\n", format_bytes(double(sizes.kv_bytes_per_token)).c_str(),
+              c.is_mla() ? "latent + rope key per layer" : "K and V per layer");
+  if (c.n_mtp_layers) std::printf("MTP layers: %lld (skipped in generation)\n", (long long)c.n_mtp_layers);
+  if (has_weights) {
+    const auto& w = out["weights"];
+    std::printf("weights: %lld tensors, %s", (long long)w["tensors"].get<int64_t>(),
+                format_bytes(double(w["bytes"].get<int64_t>())).c_str());
+    for (const auto& [dt, bytes] : w["bytes_by_dtype"].items())
+      std::printf("; %s %s", dt.c_str(), format_bytes(double(bytes.get<int64_t>())).c_str());
+    std::printf("\n");
+  } else {
+    std::printf("weights: none in this folder (config only)\n");
+  }
+  return 0;
+}
+
+}  // namespace tetra::cli
