@@ -9,6 +9,8 @@
 
 namespace tetra::cli {
 // One declaration and one table row per command.
+int cmd_generate(int argc, char** argv);
+int cmd_inspect(int argc, char** argv);
 }  // namespace tetra::cli
 
 namespace {
@@ -16,7 +18,8 @@ namespace {
 using tetra::cli::Command;
 
 const Command kCommands[] = {
-    {"", "", nullptr},  // placeholder until the first command lands
+    {"inspect", "describe a model folder: architecture, sizes, tensors", tetra::cli::cmd_inspect},
+    {"generate", "generate tokens from a prompt", tetra::cli::cmd_generate},
 };
 
 void print_usage(FILE* out) {
