@@ -1,0 +1,284 @@
+#include "tokenizer/tokenizer.h"
+
+#include <array>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "tokenizer/utf8.h"
+
+namespace tetra::tok {
+
+namespace {
+
+constexpr uint8_t kKnown = 1, kSpecial = 2;
+
+// Pieces at most this long are cached: they are words, which repeat; longer ones rarely do.
+constexpr size_t kCachedPieceBytes = 64;
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  TETRA_CHECK(in, "cannot open ", path.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  TETRA_CHECK(!in.bad(), "cannot read ", path.string());
+  return ss.str();
+}
+
+// The bytes the ByteLevel decoder gives for one token string: each character mapped back to
+// its byte, or, if any character is outside the byte table (an added token such as
+// "<｜begin▁of▁sentence｜>"), the token's own UTF-8 bytes, as HF's decoder does.
+std::string byte_level_decode(std::string_view token) {
+  const ByteLevelTable& table = byte_level_table();
+  std::string out;
+  size_t i = 0;
+  while (i < token.size()) {
+    size_t n = utf8_valid_len(token, i);
+    if (n == 0) return std::string(token);
+    int b = table.byte_of(utf8_next(token, i));
+    if (b < 0) return std::string(token);
+    out += static_cast<char>(b);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Word -> ids, sharded so that threads encoding at once rarely wait on the same lock.
+struct Tokenizer::WordCache {
+  static constexpr size_t kShards = 64, kShardEntries = 8192;
+  struct Shard {
+    std::mutex mu;
+    std::unordered_map<std::string, std::vector<TokenId>> map;
+  };
+  std::array<Shard, kShards> shards;
+};
+
+Tokenizer::Tokenizer() : cache_(std::make_unique<WordCache>()) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source) {
+  using nlohmann::json;
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    fail(source, " is not valid JSON (", e.what(), ")");
+  }
+  TETRA_CHECK(j.is_object(), source, " is not a JSON object");
+  try {
+    for (const char* key : {"truncation", "padding"})
+      TETRA_CHECK(!j.contains(key) || j[key].is_null(), source, ": '", key,
+                  "' is set, which this engine does not support");
+    Tokenizer t;
+    t.bpe_ = BpeModel::from_json(j.at("model"));
+    t.normalizer_ = Normalizer::from_json(j.value("normalizer", json()));
+    t.pre_tokenizer_ = PreTokenizer::from_json(j.value("pre_tokenizer", json()));
+    json decoder = j.value("decoder", json());
+    TETRA_CHECK(decoder.is_object() && decoder.value("type", std::string()) == "ByteLevel",
+                source, ": decoder ", decoder.dump(), " is not supported (only ByteLevel is)");
+
+    size_t n_ids = static_cast<size_t>(t.bpe_.max_id() + 1);
+    if (j.contains("added_tokens")) {
+      TETRA_CHECK(j["added_tokens"].is_array(), source, ": added_tokens is not an array");
+      for (const json& a : j["added_tokens"]) {
+        AddedToken tok;
+        int64_t id = a.at("id").get<int64_t>();
+        TETRA_CHECK(id >= 0 && id < (1 << 30), source, ": added token id ", id, " is out of range");
+        tok.id = static_cast<TokenId>(id);
+        tok.content = a.at("content").get<std::string>();
+        TETRA_CHECK(!tok.content.empty() && utf8_is_valid(tok.content), source,
+                    ": added token ", id, " has empty or invalid content");
+        tok.special = a.value("special", false);
+        tok.lstrip = a.value("lstrip", false);
+        tok.rstrip = a.value("rstrip", false);
+        tok.single_word = a.value("single_word", false);
+        tok.normalized = a.value("normalized", !tok.special);
+        n_ids = std::max(n_ids, static_cast<size_t>(id) + 1);
+        t.added_.push_back(std::move(tok));
+      }
+    }
+    t.id_to_token_.assign(n_ids, std::string());
+    t.id_bytes_.assign(n_ids, std::string());
+    t.id_flags_.assign(n_ids, 0);
+    for (const auto& [token, id] : t.bpe_.vocab()) {
+      t.id_to_token_[id] = token;
+      t.id_flags_[id] = kKnown;
+    }
+    for (size_t k = 0; k < t.added_.size(); ++k) {
+      const AddedToken& a = t.added_[k];
+      t.id_to_token_[a.id] = a.content;
+      t.id_flags_[a.id] = kKnown | (a.special ? kSpecial : 0);
+      if (a.normalized)
+        t.normalized_matcher_.add(t.normalizer_.apply(a.content), static_cast<int>(k));
+      else
+        t.raw_matcher_.add(a.content, static_cast<int>(k));
+    }
+    for (size_t id = 0; id < n_ids; ++id)
+      if (t.id_flags_[id]) t.id_bytes_[id] = byte_level_decode(t.id_to_token_[id]);
+    return t;
+  } catch (const json::exception& e) {
+    fail(source, " has an unexpected structure (", e.what(), ")");
+  }
+}
+
+TokenizerConfig parse_tokenizer_config(std::string_view text, const std::string& source) {
+  using nlohmann::json;
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    fail(source, " is not valid JSON (", e.what(), ")");
+  }
+  TETRA_CHECK(j.is_object(), source, " is not a JSON object");
+  TokenizerConfig c;
+  // Special tokens are written either as a string or as an AddedToken dict.
+  auto token = [&](const char* key) -> std::optional<std::string> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    const json& v = j[key];
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v["content"].is_string())
+      return v["content"].get<std::string>();
+    fail(source, ": '", key, "' is neither a string nor a token object");
+  };
+  c.bos_token = token("bos_token");
+  c.eos_token = token("eos_token");
+  if (j.contains("add_bos_token") && j["add_bos_token"].is_boolean()) c.add_bos_token = j["add_bos_token"].get<bool>();
+  if (j.contains("chat_template")) {
+    const json& t = j["chat_template"];
+    if (t.is_string()) {
+      c.chat_template = t.get<std::string>();
+    } else if (t.is_array()) {
+      // A list of named templates: the one called "default" is the chat template.
+      for (const json& e : t)
+        if (e.is_object() && e.value("name", std::string()) == "default" && e.contains("template") &&
+            e["template"].is_string())
+          c.chat_template = e["template"].get<std::string>();
+    } else if (!t.is_null()) {
+      fail(source, ": 'chat_template' is neither a string nor a list of templates");
+    }
+  }
+  return c;
+}
+
+Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
+  std::filesystem::path json_path = dir / "tokenizer.json";
+  TETRA_CHECK(std::filesystem::is_regular_file(json_path), "model folder ", dir.string(),
+              " has no tokenizer.json");
+  Tokenizer t = from_json(read_file(json_path), json_path.string());
+  std::filesystem::path config_path = dir / "tokenizer_config.json";
+  if (std::filesystem::is_regular_file(config_path))
+    t.config_ = parse_tokenizer_config(read_file(config_path), config_path.string());
+  std::filesystem::path jinja_path = dir / "chat_template.jinja";
+  if (std::filesystem::is_regular_file(jinja_path)) t.config_.chat_template = read_file(jinja_path);
+  return t;
+}
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text, EncodeOptions options) const {
+  std::string repaired;
+  if (!utf8_is_valid(text)) {
+    repaired = utf8_sanitize(text);
+    text = repaired;
+  }
+  std::vector<TokenId> out;
+  out.reserve(text.size() / 3 + 1);
+  std::vector<Section> sections;
+  if (raw_matcher_.empty())
+    sections.push_back({0, text.size(), -1});
+  else
+    raw_matcher_.split(text, added_, options.parse_special, sections);
+  std::vector<Section> inner;
+  for (const Section& s : sections) {
+    if (s.token >= 0) {
+      out.push_back(s.token);
+      continue;
+    }
+    std::string_view plain = text.substr(s.begin, s.end - s.begin);
+    std::string normalized;
+    if (!normalizer_.is_identity()) {
+      normalized = normalizer_.apply(plain);
+      plain = normalized;
+    }
+    if (normalized_matcher_.empty()) {
+      encode_normalized(plain, out);
+      continue;
+    }
+    inner.clear();
+    normalized_matcher_.split(plain, added_, options.parse_special, inner);
+    for (const Section& n : inner) {
+      if (n.token >= 0)
+        out.push_back(n.token);
+      else
+        encode_normalized(plain.substr(n.begin, n.end - n.begin), out);
+    }
+  }
+  return out;
+}
+
+void Tokenizer::encode_normalized(std::string_view text, std::vector<TokenId>& out) const {
+  std::vector<Span> pieces;
+  pre_tokenizer_.split(text, pieces);
+  for (auto [b, e] : pieces) {
+    std::string_view piece = text.substr(b, e - b);
+    if (piece.size() > kCachedPieceBytes) {
+      bpe_.encode_piece(piece, out);
+      continue;
+    }
+    size_t h = std::hash<std::string_view>{}(piece);
+    WordCache::Shard& shard = cache_->shards[h % WordCache::kShards];
+    {
+      std::lock_guard<std::mutex> lock(shard.mu);
+      auto it = shard.map.find(std::string(piece));
+      if (it != shard.map.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        continue;
+      }
+    }
+    size_t first = out.size();
+    bpe_.encode_piece(piece, out);
+    std::lock_guard<std::mutex> lock(shard.mu);
+    if (shard.map.size() >= WordCache::kShardEntries) shard.map.clear();  // bounded memory
+    shard.map.emplace(std::string(piece), std::vector<TokenId>(out.begin() + first, out.end()));
+  }
+}
+
+std::string Tokenizer::decode(std::span<const TokenId> ids, DecodeOptions options) const {
+  std::string bytes;
+  for (TokenId id : ids) {
+    TETRA_CHECK(id >= 0 && static_cast<size_t>(id) < id_flags_.size() && id_flags_[id],
+                "token id ", id, " is not in the vocabulary");
+    if (options.skip_special && (id_flags_[id] & kSpecial)) continue;
+    bytes += id_bytes_[id];
+  }
+  return utf8_is_valid(bytes) ? bytes : utf8_sanitize(bytes);
+}
+
+std::optional<std::string_view> Tokenizer::token_bytes(TokenId id) const {
+  if (id < 0 || static_cast<size_t>(id) >= id_flags_.size() || !id_flags_[id]) return std::nullopt;
+  return std::string_view(id_bytes_[id]);
+}
+
+std::optional<std::string_view> Tokenizer::id_to_token(TokenId id) const {
+  if (id < 0 || static_cast<size_t>(id) >= id_flags_.size() || !id_flags_[id]) return std::nullopt;
+  return std::string_view(id_to_token_[id]);
+}
+
+std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
+  for (const AddedToken& a : added_)
+    if (a.content == token) return a.id;
+  auto it = bpe_.vocab().find(std::string(token));
+  if (it != bpe_.vocab().end()) return it->second;
+  return std::nullopt;
+}
+
+bool Tokenizer::is_special(TokenId id) const {
+  return id >= 0 && static_cast<size_t>(id) < id_flags_.size() && (id_flags_[id] & kSpecial);
+}
+
+}  // namespace tetra::tok

@@ -1,0 +1,86 @@
+// A Hugging Face byte-level BPE tokenizer loaded from tokenizer.json (FORMATS.md §5), giving
+// the ids of `tokenizer.encode(text, add_special_tokens=False)` and the text of
+// `tokenizer.decode(ids)`. Encoding and decoding are const and thread-safe.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/added_tokens.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/pretokenizer.h"
+
+namespace tetra::tok {
+
+struct EncodeOptions {
+  // Match special-token strings typed in the text (HF's default). A server that must not let
+  // user text produce control tokens sets this to false.
+  bool parse_special = true;
+};
+
+struct DecodeOptions {
+  bool skip_special = false;
+};
+
+// What tokenizer_config.json (and chat_template.jinja) add to tokenizer.json.
+struct TokenizerConfig {
+  std::string chat_template;  // empty when the model ships none
+  std::optional<std::string> bos_token, eos_token;
+  bool add_bos_token = false;
+};
+
+class Tokenizer {
+ public:
+  // Parses tokenizer.json text; `source` names it in error messages.
+  static Tokenizer from_json(std::string_view json, const std::string& source = "tokenizer.json");
+  // Loads DIR/tokenizer.json, DIR/tokenizer_config.json (optional) and DIR/chat_template.jinja
+  // (optional; it takes precedence over the config's chat_template, as in transformers).
+  static Tokenizer load(const std::filesystem::path& model_dir);
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // Invalid UTF-8 in `text` is replaced by U+FFFD first.
+  std::vector<TokenId> encode(std::string_view text, EncodeOptions options = {}) const;
+  // Throws tetra::Error for an id outside the vocabulary.
+  std::string decode(std::span<const TokenId> ids, DecodeOptions options = {}) const;
+
+  // The bytes one token decodes to (before UTF-8 repair), or nullopt for an unknown id.
+  std::optional<std::string_view> token_bytes(TokenId id) const;
+  std::optional<TokenId> token_to_id(std::string_view token) const;  // vocab or added token
+  std::optional<std::string_view> id_to_token(TokenId id) const;
+  bool is_special(TokenId id) const;
+  // One past the largest id (the embedding table may be larger: it is padded).
+  size_t vocab_size() const { return id_to_token_.size(); }
+  const std::vector<AddedToken>& added_tokens() const { return added_; }
+
+  const TokenizerConfig& config() const { return config_; }
+  void set_config(TokenizerConfig config) { config_ = std::move(config); }
+
+ private:
+  Tokenizer();
+  void encode_normalized(std::string_view text, std::vector<TokenId>& out) const;
+
+  struct WordCache;
+  BpeModel bpe_;
+  Normalizer normalizer_;
+  PreTokenizer pre_tokenizer_;
+  std::vector<AddedToken> added_;
+  AddedTokenMatcher raw_matcher_, normalized_matcher_;
+  std::vector<std::string> id_to_token_;  // token string as written in tokenizer.json
+  std::vector<std::string> id_bytes_;     // what each id decodes to
+  std::vector<uint8_t> id_flags_;         // kKnown | kSpecial
+  std::unique_ptr<WordCache> cache_;
+  TokenizerConfig config_;
+};
+
+// Parses a tokenizer_config.json text (chat_template, bos/eos tokens, add_bos_token).
+TokenizerConfig parse_tokenizer_config(std::string_view json, const std::string& source);
+
+}  // namespace tetra::tok
