@@ -1,0 +1,128 @@
+// Host side of the CUDA MoE layer: argument checks, scratch layout, and the launch sequence
+// route -> permute -> gate/up (+SiLU) -> down -> combine. No host synchronization.
+#include <algorithm>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/moe_internal.h"
+
+namespace tetra::ops::cuda {
+
+namespace {
+
+constexpr int64_t kAlign = 256;
+
+int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+const CudaMoeExperts& as_cuda(const MoeExperts& experts) {
+  const auto* ex = dynamic_cast<const CudaMoeExperts*>(&experts);
+  TETRA_CHECK(ex != nullptr, "moe: experts were not prepared by the CUDA backend");
+  return *ex;
+}
+
+int max_work_items(const CudaMoeExperts& ex, int64_t n_rows, int tile_tokens) {
+  // Each non-empty expert has one partial item at most; the rest are full.
+  return int(std::min<int64_t>(ex.n_stored(), n_rows) + (n_rows + tile_tokens - 1) / tile_tokens);
+}
+
+void check_view(TensorView v, DType dtype, int64_t rows, int64_t cols, const char* what) {
+  TETRA_CHECK(v.device == Device::Cuda, "moe: ", what, " must be on the CUDA device");
+  TETRA_CHECK(v.dtype == dtype, "moe: ", what, " has dtype ", dtype_name(v.dtype), ", expected ",
+              dtype_name(dtype));
+  TETRA_CHECK(v.shape.rank == 2 && v.dim(0) == rows && v.dim(1) == cols, "moe: ", what, " is ",
+              v.shape.str(), ", expected [", rows, ", ", cols, "]");
+}
+
+}  // namespace
+
+std::string MoeConfig::str() const { return str_cat("tile_tokens=", tile_tokens); }
+
+int64_t moe_scratch_bytes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k, int tile_tokens) {
+  const int64_t rows = n_tokens * (top_k + (ex.shape.shared_expert ? 1 : 0));
+  return kAlign + align_up(int64_t(max_work_items(ex, rows, tile_tokens)) * sizeof(MoeWorkItem)) +
+         2 * align_up(rows * 4) + align_up(rows * ex.shape.intermediate * 2) +
+         align_up(rows * ex.shape.hidden * 4);
+}
+
+MoeScratch moe_scratch_carve(const CudaMoeExperts& ex, void* base, int64_t n_tokens, int top_k,
+                             int tile_tokens) {
+  const int64_t rows = n_tokens * (top_k + (ex.shape.shared_expert ? 1 : 0));
+  auto* p = static_cast<char*>(base);
+  MoeScratch s{};
+  s.max_items = max_work_items(ex, rows, tile_tokens);
+  s.n_items = reinterpret_cast<int*>(p);
+  p += kAlign;
+  s.items = reinterpret_cast<MoeWorkItem*>(p);
+  p += align_up(int64_t(s.max_items) * sizeof(MoeWorkItem));
+  s.row_token = reinterpret_cast<int*>(p);
+  p += align_up(rows * 4);
+  s.pos = reinterpret_cast<int*>(p);
+  p += align_up(rows * 4);
+  s.h = reinterpret_cast<uint16_t*>(p);
+  p += align_up(rows * ex.shape.intermediate * 2);
+  s.y = reinterpret_cast<float*>(p);
+  return s;
+}
+
+int64_t moe_workspace_bytes(const MoeExperts& experts, int64_t n_tokens, int top_k) {
+  // The smallest tile gives the most work items, so it bounds every configuration.
+  return moe_scratch_bytes(as_cuda(experts), n_tokens, top_k, 8);
+}
+
+void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
+           TensorView weights) {
+  TETRA_CHECK(logits.shape.rank == 2, "moe route: logits must be [T, E]");
+  const int64_t T = logits.dim(0), E = logits.dim(1);
+  check_view(logits, DType::F32, T, E, "router logits");
+  check_view(ids, DType::I32, T, spec.top_k, "expert ids");
+  check_view(weights, DType::F32, T, spec.top_k, "expert weights");
+  const float* bias = nullptr;
+  if (spec.scoring == Scoring::Sigmoid && !spec.correction_bias.empty()) {
+    TETRA_CHECK(spec.correction_bias.device == Device::Cuda &&
+                    spec.correction_bias.dtype == DType::F32 && spec.correction_bias.numel() == E,
+                "moe route: the correction bias must be F32 [E] on the CUDA device");
+    bias = spec.correction_bias.as<const float>();
+  }
+  launch_route(static_cast<cudaStream_t>(ctx.stream), logits.as<const float>(), int(T), int(E),
+               spec, bias, ids.as<int>(), weights.as<float>());
+}
+
+MoeConfig pick_moe_config(const Context&, const MoeExperts& experts, int64_t n_tokens, int top_k) {
+  const auto& ex = as_cuda(experts);
+  // Tokens an active expert sees on average under uniform routing. A wider tile decodes each
+  // weight once for more tokens; a narrower one wastes fewer MMA columns on empty slots.
+  const int64_t rows = n_tokens * (top_k + (ex.shape.shared_expert ? 1 : 0));
+  const double per_expert = double(rows) / double(std::min<int64_t>(ex.n_stored(), rows));
+  MoeConfig c;
+  c.tile_tokens = per_expert <= 6 ? 8 : per_expert <= 14 ? 16 : 32;
+  return c;
+}
+
+void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
+                 const MoeExperts& experts, TensorView out, MoeConfig config) {
+  const auto& ex = as_cuda(experts);
+  const int64_t H = ex.shape.hidden;
+  TETRA_CHECK(x.shape.rank == 2 && ids.shape.rank == 2, "moe: x must be [T, H], ids [T, k]");
+  const int64_t T = x.dim(0);
+  const int top_k = int(ids.dim(1));
+  check_view(x, DType::BF16, T, H, "x");
+  check_view(ids, DType::I32, T, top_k, "expert ids");
+  check_view(weights, DType::F32, T, top_k, "expert weights");
+  check_view(out, DType::BF16, T, H, "out");
+  TETRA_CHECK(top_k >= 1 && top_k <= ex.shape.n_experts, "moe: top_k must be in 1..E");
+  if (T == 0) return;
+  TETRA_CHECK(T * (top_k + 1) < (int64_t(1) << 31), "moe: too many tokens for one call");
+  if (config.tile_tokens == 0) config = pick_moe_config(ctx, experts, T, top_k);
+  const int64_t need = moe_scratch_bytes(ex, T, top_k, config.tile_tokens);
+  TETRA_CHECK(ctx.workspace.data && ctx.workspace.bytes >= need, "moe: the workspace holds ",
+              ctx.workspace.bytes, " bytes, ", need, " are needed (moe_workspace_bytes)");
+  const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, config.tile_tokens);
+  auto stream = static_cast<cudaStream_t>(ctx.stream);
+  launch_permute(stream, ids.as<const int>(), int(T), top_k, ex.shape.n_experts,
+                 ex.shape.shared_expert, config.tile_tokens, s);
+  launch_gate_up(stream, ex, x.as<const uint16_t>(), s, config.tile_tokens);
+  launch_down(stream, ex, s, config.tile_tokens);
+  launch_combine(stream, s.y, s.pos, weights.as<const float>(), int(T), top_k,
+                 ex.shape.shared_expert, int(H), out.as<uint16_t>());
+}
+
+}  // namespace tetra::ops::cuda

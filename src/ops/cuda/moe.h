@@ -1,0 +1,62 @@
+// The MoE layer on CUDA (sm_90a): routing, permutation of tokens by expert, the grouped
+// expert GEMMs (NVFP4 weights decoded in registers, or BF16) and the weighted combine.
+// Implements the semantics of ops::Backend::route, moe_experts and prepare_experts; the CUDA
+// backend wraps these functions. Nothing here synchronizes with the host, so a whole layer
+// can be captured in a CUDA graph.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/ops.h"
+
+namespace tetra::ops::cuda {
+
+// The sizes of one MoE layer's routed experts.
+struct MoeShape {
+  int64_t hidden = 0;        // H: input and output width
+  int64_t intermediate = 0;  // I: width of gate, up and the down projection's input
+  int n_experts = 0;         // routed experts
+  bool shared_expert = false;  // one more expert of the same shape that every token uses
+};
+
+// Routed experts (and the optional shared expert) packed for the MoE kernels.
+class CudaMoeExperts;
+
+// Packs experts (host or device views; all NVFP4 or all dense BF16, all of one shape) into
+// device memory. The shared expert, if given, must have the routed experts' shape; it is
+// applied to every token with weight 1, after the routed experts (FORMATS.md §2.2).
+std::unique_ptr<MoeExperts> prepare_experts(const Context& ctx, const std::vector<MlpWeights>& experts,
+                                            const MlpWeights* shared = nullptr);
+
+// Experts with random weights drawn on the device, for benchmarks (no host copy of 5 GB).
+std::unique_ptr<MoeExperts> random_experts(const Context& ctx, const MoeShape& shape,
+                                           WeightFormat format, uint64_t seed);
+
+const MoeShape& experts_shape(const MoeExperts& experts);
+int64_t experts_bytes_per_expert(const MoeExperts& experts);
+
+// logits F32 [T, E] -> ids I32 [T, top_k], weights F32 [T, top_k] (FORMATS.md §2.2).
+void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
+           TensorView weights);
+
+// How the expert GEMMs run; chosen per (shape, token bucket) unless forced.
+struct MoeConfig {
+  int tile_tokens = 0;  // tokens per work item: 8, 16 or 32 (the MMA's N, times 1, 2 or 4)
+  std::string str() const;
+};
+
+// Scratch bytes moe_experts needs in ctx.workspace for T tokens of top_k experts each.
+int64_t moe_workspace_bytes(const MoeExperts& experts, int64_t n_tokens, int top_k);
+
+// out BF16 [T, H] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) (+ shared(x[t])).
+// x BF16 [T, H]; ids I32 [T, k]; weights F32 [T, k]. config.tile_tokens = 0 picks one.
+void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
+                 const MoeExperts& experts, TensorView out, MoeConfig config = {});
+
+// The configuration moe_experts would pick for T tokens (the tuner's choice or heuristic).
+MoeConfig pick_moe_config(const Context& ctx, const MoeExperts& experts, int64_t n_tokens, int top_k);
+
+}  // namespace tetra::ops::cuda

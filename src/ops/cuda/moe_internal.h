@@ -1,0 +1,99 @@
+// Internal to the MoE implementation: the packed expert layout and the kernel launchers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/moe.h"
+
+namespace tetra::ops::cuda {
+
+// Rows of the weight matrices each k-chunk of the GEMM kernels covers: 4 lanes x 32 values.
+inline constexpr int kMoeChunkK = 128;
+
+// Device weights of all experts, expert-major. E' = n_experts (+1 for the shared expert,
+// stored last). NVFP4 data keeps the checkpoint's row-major [n_out, n_in/2] bytes and
+// [n_out, n_in/16] E4M3 scales, except that the 8 nibbles of every 32-bit word are permuted
+// (nvfp4_permute_word) so the kernel turns them into bf16 pairs with two masks and a shift.
+class CudaMoeExperts final : public MoeExperts {
+ public:
+  CudaMoeExperts(const MoeShape& shape, WeightFormat format);
+  ~CudaMoeExperts() override;
+  CudaMoeExperts(const CudaMoeExperts&) = delete;
+  CudaMoeExperts& operator=(const CudaMoeExperts&) = delete;
+
+  int64_t n_experts() const override { return shape.n_experts; }
+  int n_stored() const { return shape.n_experts + (shape.shared_expert ? 1 : 0); }
+
+  MoeShape shape;
+  WeightFormat format;  // Nvfp4 or Dense (BF16)
+  // w13: per expert [2I, H] (gate rows, then up rows); w2: per expert [H, I].
+  // Nvfp4: uint8 [E', 2I, H/2] and [E', H, I/2]; Dense: bf16 [E', 2I, H] and [E', H, I].
+  void* w13 = nullptr;
+  void* w2 = nullptr;
+  uint8_t* w13_scale = nullptr;  // Nvfp4: E4M3 [E', 2I, H/16]
+  uint8_t* w2_scale = nullptr;   // Nvfp4: E4M3 [E', H, I/16]
+  float* global_scale = nullptr; // [E', 3]: gate, up, down (1 for Dense)
+
+  int64_t w13_expert_bytes() const;
+  int64_t w2_expert_bytes() const;
+  int64_t w13_scale_expert_bytes() const;
+  int64_t w2_scale_expert_bytes() const;
+};
+
+// The checkpoint word (value i of 8 at bits 4i..4i+3) in the kernel's order: values 0..7 at
+// bits 12, 28, 8, 24, 4, 20, 0, 16.
+inline uint32_t nvfp4_permute_word(uint32_t w) {
+  constexpr int kDst[8] = {12, 28, 8, 24, 4, 20, 0, 16};
+  uint32_t out = 0;
+  for (int i = 0; i < 8; ++i) out |= ((w >> (4 * i)) & 0xfu) << kDst[i];
+  return out;
+}
+
+// One work item of the grouped GEMMs: up to tile_tokens rows of one expert.
+struct MoeWorkItem {
+  int expert;
+  int row_begin;  // first row in the permuted order
+  int n_rows;
+  int pad;
+};
+static_assert(sizeof(MoeWorkItem) == 16, "work items are read as one 16-byte load");
+
+// Scratch of one moe_experts call, carved from ctx.workspace.
+struct MoeScratch {
+  int* n_items;           // [1]
+  MoeWorkItem* items;     // [max_items]
+  int* row_token;         // [T*k']: token of each permuted row
+  int* pos;               // [T*k']: permuted row of each (token, slot)
+  uint16_t* h;            // bf16 [T*k', I]: silu(gate) * up, permuted rows
+  float* y;               // f32 [T*k', H]: down projection, permuted rows
+  int max_items;
+};
+
+int64_t moe_scratch_bytes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k, int tile_tokens);
+MoeScratch moe_scratch_carve(const CudaMoeExperts& ex, void* base, int64_t n_tokens, int top_k,
+                             int tile_tokens);
+
+// ---- launchers (sm90_moe_route.cu) ----
+void launch_route(cudaStream_t stream, const float* logits, int n_tokens, int n_experts,
+                  const RoutingSpec& spec, const float* bias, int* ids, float* weights);
+void launch_permute(cudaStream_t stream, const int* ids, int n_tokens, int top_k, int n_experts,
+                    bool shared, int tile_tokens, const MoeScratch& s);
+void launch_combine(cudaStream_t stream, const float* y, const int* pos, const float* weights,
+                    int n_tokens, int top_k, bool shared, int hidden, uint16_t* out);
+
+// ---- launchers (sm90_moe_gemm.cu) ----
+void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
+                    const MoeScratch& s, int tile_tokens);
+void launch_down(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
+                 int tile_tokens);
+
+// ---- device fills (sm90_moe_route.cu) ----
+// Bytes uniform in [lo, lo + span), span in 1..256.
+void launch_fill_random_bytes(cudaStream_t stream, uint8_t* dst, int64_t n, uint64_t seed, int lo,
+                              int span);
+void launch_fill_random_bf16(cudaStream_t stream, uint16_t* dst, int64_t n, uint64_t seed,
+                             float scale);
+
+}  // namespace tetra::ops::cuda

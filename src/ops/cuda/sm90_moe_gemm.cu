@@ -1,0 +1,360 @@
+// The grouped expert GEMMs of the MoE layer, weight-streaming form (sm_90a, mma.sync).
+//
+// Decode is bound by the bytes of the experts a batch touches, so the kernels are built to
+// stream weights: every warp owns 16 weight rows (the MMA's M) of one or two matrices and
+// walks the whole K dimension, with the tokens of one work item as the MMA's N (8, 16 or 32:
+// the "swapped" A/B of a GEMV). Weight bytes are read exactly once per work item and never
+// staged through shared memory; the activations (a few KB per item) come through L1.
+//
+// K order inside a 128-wide chunk: lane (g, t) of the mma fragment owns the 32 consecutive
+// values k = 32t .. 32t+31 of its rows, and MMA k-step j (of 8) uses values 4j..4j+3 of
+// them. The reduction does not care about the order, and A (weights) and B (activations)
+// use the same one, so every lane loads 16 contiguous bytes of NVFP4 per row (64 of BF16)
+// and one 2-byte pair of block scales, and the 4 lanes of a row read 64 contiguous bytes.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/moe_internal.h"
+
+namespace tetra::ops::cuda {
+namespace {
+
+constexpr int kWarps = 4;  // warps per block; each owns a 16-row weight tile (x2 matrices)
+static_assert(kMoeChunkK == 4 * 32, "a chunk is 4 lanes x 32 values along K");
+
+// Weights are read once per work item: don't let them push the activations out of L1.
+__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t ld_stream_u16(const void* p) {
+  unsigned short v;
+  asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
+
+// Two e2m1 values (at bits 12..15 and 28..31 of q) as a bf16 pair scaled by 2^-126: the
+// 3 magnitude bits land on the two low exponent bits and the top mantissa bit, which gives
+// 2^(e-1) * (1 + m/2) * 2^-126 for e > 0 and the subnormal 0.5 * 2^-126 for e = 0, m = 1.
+__device__ __forceinline__ uint32_t e2m1x2_to_bf16x2_raw(uint32_t q) {
+  return (q & 0x80008000u) | ((q & 0x70007000u) >> 6);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// Two E4M3 block scales as bf16 pairs (each scale in both halves), times 2^118 so that the
+// product with the 2^-126 of the raw decode is scale * 2^-8 (the kernel multiplies 2^8 back
+// into the global scale). 448 * 2^118 < 2^127, so the bf16 cannot overflow; the product of a
+// 2-bit e2m1 significand and a 4-bit E4M3 one is exact in bf16.
+__device__ __forceinline__ void scale_pair_to_bf16x2(uint32_t s, uint32_t& s0, uint32_t& s1) {
+  __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s), __NV_E4M3);
+  float2 f = __half22float2(*reinterpret_cast<__half2*>(&hr));
+  __nv_bfloat162 b0 = __float2bfloat162_rn(f.x * 0x1p118f);
+  __nv_bfloat162 b1 = __float2bfloat162_rn(f.y * 0x1p118f);
+  s0 = *reinterpret_cast<uint32_t*>(&b0);
+  s1 = *reinterpret_cast<uint32_t*>(&b1);
+}
+
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                 uint32_t a2, uint32_t a3, uint32_t b0,
+                                                 uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
+// One stage of the register pipeline: a lane's share of one 128-wide K chunk.
+template <bool kFp4, int kMT, int kNT>
+struct Stage {
+  static constexpr int kVecPerRow = kFp4 ? 1 : 4;  // 16-byte vectors per row per lane
+  uint4 a[kMT][2][kVecPerRow];                     // rows g and g+8 of each tile
+  uint32_t s[kMT][2];                              // two E4M3 scales (Nvfp4 only)
+  uint4 b[kNT][4];                                 // 32 bf16 activations of token g (+8n)
+};
+
+// A warp's view of its operands: row pointers already offset to the lane's share.
+template <int kMT, int kNT>
+struct WarpOperands {
+  const uint8_t* a[kMT][2];
+  const uint8_t* s[kMT][2];
+  const uint16_t* b[kNT];  // null where the token slot is empty
+};
+
+template <bool kFp4, int kMT, int kNT>
+__device__ __forceinline__ void load_stage(Stage<kFp4, kMT, kNT>& st,
+                                           const WarpOperands<kMT, kNT>& op, int chunk) {
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if constexpr (kFp4) {
+        st.a[m][r][0] = ld_stream_v4(op.a[m][r] + chunk * 64);
+        st.s[m][r] = ld_stream_u16(op.s[m][r] + chunk * 8);
+      } else {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) st.a[m][r][v] = ld_stream_v4(op.a[m][r] + chunk * 256 + 16 * v);
+      }
+    }
+#pragma unroll
+  for (int n = 0; n < kNT; ++n)
+#pragma unroll
+    for (int v = 0; v < 4; ++v)
+      st.b[n][v] = op.b[n] ? __ldg(reinterpret_cast<const uint4*>(op.b[n] + chunk * 128) + v)
+                           : make_uint4(0, 0, 0, 0);
+}
+
+template <bool kFp4, int kMT, int kNT>
+__device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT, kNT>& st,
+                                              float (&acc)[kMT][kNT][4]) {
+  uint32_t sc[kMT][2][2];
+  if constexpr (kFp4) {
+#pragma unroll
+    for (int m = 0; m < kMT; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) scale_pair_to_bf16x2(st.s[m][r], sc[m][r][0], sc[m][r][1]);
+  }
+  // Word w of the lane's 32 values holds values 8w..8w+7: k-steps 2w and 2w+1.
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t a[2][kMT][4];  // [k-step][tile][mma A register]
+#pragma unroll
+    for (int m = 0; m < kMT; ++m)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if constexpr (kFp4) {
+          const uint32_t q = word(st.a[m][r][0], w);
+          const uint32_t s = sc[m][r][w >> 1];
+          a[0][m][r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(q), s);            // values 0, 1
+          a[0][m][2 + r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(q << 4), s);   // values 2, 3
+          a[1][m][r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(q << 8), s);       // values 4, 5
+          a[1][m][2 + r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(q << 12), s);  // values 6, 7
+        } else {
+          const uint4 v = st.a[m][r][w];
+          a[0][m][r] = v.x;
+          a[0][m][2 + r] = v.y;
+          a[1][m][r] = v.z;
+          a[1][m][2 + r] = v.w;
+        }
+      }
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      const uint4 b = st.b[n][w];
+#pragma unroll
+      for (int m = 0; m < kMT; ++m) {
+        mma_bf16_16x8x16(acc[m][n], a[0][m][0], a[0][m][1], a[0][m][2], a[0][m][3], b.x, b.y);
+        mma_bf16_16x8x16(acc[m][n], a[1][m][0], a[1][m][1], a[1][m][2], a[1][m][3], b.z, b.w);
+      }
+    }
+  }
+}
+
+// The main loop: kS stages in flight, so each lane has kS * kMT * 2 weight loads pending.
+template <bool kFp4, int kMT, int kNT, int kS>
+__device__ __forceinline__ void gemm_warp(const WarpOperands<kMT, kNT>& op, int n_chunks,
+                                          float (&acc)[kMT][kNT][4]) {
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+  Stage<kFp4, kMT, kNT> st[kS];
+#pragma unroll
+  for (int s = 0; s < kS - 1; ++s)
+    if (s < n_chunks) load_stage(st[s], op, s);
+  for (int c = 0; c < n_chunks; c += kS) {
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      const int next = c + s + kS - 1;
+      if (next < n_chunks) load_stage(st[(s + kS - 1) % kS], op, next);
+      if (c + s < n_chunks) compute_stage(st[s], acc);
+    }
+  }
+}
+
+struct GemmParams {
+  const int* n_items;
+  const MoeWorkItem* items;
+  const uint8_t* w;        // w13 or w2, all experts
+  const uint8_t* w_scale;  // Nvfp4 only
+  const float* global_scale;
+  int64_t w_expert_bytes, w_row_bytes, s_expert_bytes, s_row_bytes;
+  const uint16_t* b;   // x [T, H] (gate/up) or h [T*k', I] (down)
+  const int* b_rows;   // gate/up: token of each permuted row; down: null (rows are permuted)
+  int k;               // H (gate/up) or I (down)
+  int n;               // I (gate/up) or H (down)
+  uint16_t* h;         // gate/up output
+  float* y;            // down output
+};
+
+template <bool kFp4, int kMT, int kNT>
+__device__ __forceinline__ void warp_operands(const GemmParams& p, const MoeWorkItem& item,
+                                              const int (&rows)[kMT], WarpOperands<kMT, kNT>& op) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint8_t* w = p.w + item.expert * p.w_expert_bytes;
+  const uint8_t* s = kFp4 ? p.w_scale + item.expert * p.s_expert_bytes : nullptr;
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = rows[m] + g + 8 * r;
+      op.a[m][r] = w + row * p.w_row_bytes + (kFp4 ? 16 * t : 64 * t);
+      op.s[m][r] = kFp4 ? s + row * p.s_row_bytes + 2 * t : nullptr;
+    }
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+    const int slot = g + 8 * n;
+    if (slot < item.n_rows) {
+      const int prow = item.row_begin + slot;
+      const int brow = p.b_rows ? p.b_rows[prow] : prow;
+      op.b[n] = p.b + int64_t(brow) * p.k + 32 * t;
+    } else {
+      op.b[n] = nullptr;
+    }
+  }
+}
+
+// h[row, n] = silu(x W_gate^T) * (x W_up^T) for the tokens of one work item; blockIdx.y
+// picks 64 of the I columns, gate rows and the matching up rows.
+template <bool kFp4, int kNT, int kS>
+__global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(GemmParams p) {
+  if (int(blockIdx.x) >= *p.n_items) return;
+  const MoeWorkItem item = p.items[blockIdx.x];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = (blockIdx.y * kWarps + warp) * 16;
+  const int rows[2] = {n0, p.n + n0};  // gate rows, up rows of w13
+  WarpOperands<2, kNT> op;
+  warp_operands<kFp4, 2, kNT>(p, item, rows, op);
+  float acc[2][kNT][4];
+  gemm_warp<kFp4, 2, kNT, kS>(op, p.k / kMoeChunkK, acc);
+
+  const float unscale = kFp4 ? 256.0f : 1.0f;  // the 2^-8 left in the decoded weights
+  const float gs_gate = p.global_scale[item.expert * 3 + 0] * unscale;
+  const float gs_up = p.global_scale[item.expert * 3 + 1] * unscale;
+#pragma unroll
+  for (int n = 0; n < kNT; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int slot = 8 * n + 2 * t + (i & 1);
+      if (slot >= item.n_rows) continue;
+      const float gate = acc[0][n][i] * gs_gate, up = acc[1][n][i] * gs_up;
+      const float hv = gate / (1.0f + __expf(-gate)) * up;
+      const int col = n0 + g + (i >= 2 ? 8 : 0);
+      __nv_bfloat16 hb = __float2bfloat16_rn(hv);
+      p.h[int64_t(item.row_begin + slot) * p.n + col] = *reinterpret_cast<uint16_t*>(&hb);
+    }
+}
+
+// y[row, n] = h W_down^T for the tokens of one work item; each warp owns 32 rows of W_down.
+template <bool kFp4, int kNT, int kS>
+__global__ void __launch_bounds__(kWarps * 32) down_kernel(GemmParams p) {
+  if (int(blockIdx.x) >= *p.n_items) return;
+  const MoeWorkItem item = p.items[blockIdx.x];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = (blockIdx.y * kWarps + warp) * 32;
+  const int rows[2] = {n0, n0 + 16};
+  WarpOperands<2, kNT> op;
+  warp_operands<kFp4, 2, kNT>(p, item, rows, op);
+  float acc[2][kNT][4];
+  gemm_warp<kFp4, 2, kNT, kS>(op, p.k / kMoeChunkK, acc);
+
+  const float gs = p.global_scale[item.expert * 3 + 2] * (kFp4 ? 256.0f : 1.0f);
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int slot = 8 * n + 2 * t + (i & 1);
+        if (slot >= item.n_rows) continue;
+        const int col = n0 + 16 * m + g + (i >= 2 ? 8 : 0);
+        p.y[int64_t(item.row_begin + slot) * p.n + col] = acc[m][n][i] * gs;
+      }
+}
+
+GemmParams base_params(const CudaMoeExperts& ex, const MoeScratch& s, bool gate_up) {
+  const bool fp4 = ex.format == WeightFormat::Nvfp4;
+  const int64_t H = ex.shape.hidden, I = ex.shape.intermediate;
+  const int64_t k = gate_up ? H : I;
+  GemmParams p{};
+  p.n_items = s.n_items;
+  p.items = s.items;
+  p.w = static_cast<const uint8_t*>(gate_up ? ex.w13 : ex.w2);
+  p.w_scale = gate_up ? ex.w13_scale : ex.w2_scale;
+  p.global_scale = ex.global_scale;
+  p.w_expert_bytes = gate_up ? ex.w13_expert_bytes() : ex.w2_expert_bytes();
+  p.w_row_bytes = fp4 ? k / 2 : k * 2;
+  p.s_expert_bytes = gate_up ? ex.w13_scale_expert_bytes() : ex.w2_scale_expert_bytes();
+  p.s_row_bytes = k / 16;
+  p.k = int(k);
+  p.n = int(gate_up ? I : H);
+  p.h = s.h;
+  p.y = s.y;
+  return p;
+}
+
+template <bool kFp4>
+void launch_gate_up_t(cudaStream_t stream, const GemmParams& p, int tile_tokens, int max_items) {
+  const dim3 grid(max_items, p.n / (16 * kWarps)), block(kWarps * 32);
+  switch (tile_tokens) {
+    case 8: gate_up_kernel<kFp4, 1, kFp4 ? 4 : 2><<<grid, block, 0, stream>>>(p); break;
+    case 16: gate_up_kernel<kFp4, 2, kFp4 ? 3 : 2><<<grid, block, 0, stream>>>(p); break;
+    case 32: gate_up_kernel<kFp4, 4, 2><<<grid, block, 0, stream>>>(p); break;
+    default: fail("moe: tile_tokens must be 8, 16 or 32, not ", tile_tokens);
+  }
+  TETRA_CUDA_CHECK_LAUNCH("moe gate_up");
+}
+
+template <bool kFp4>
+void launch_down_t(cudaStream_t stream, const GemmParams& p, int tile_tokens, int max_items) {
+  const dim3 grid(max_items, p.n / (32 * kWarps)), block(kWarps * 32);
+  switch (tile_tokens) {
+    case 8: down_kernel<kFp4, 1, kFp4 ? 4 : 2><<<grid, block, 0, stream>>>(p); break;
+    case 16: down_kernel<kFp4, 2, kFp4 ? 3 : 2><<<grid, block, 0, stream>>>(p); break;
+    case 32: down_kernel<kFp4, 4, 2><<<grid, block, 0, stream>>>(p); break;
+    default: fail("moe: tile_tokens must be 8, 16 or 32, not ", tile_tokens);
+  }
+  TETRA_CUDA_CHECK_LAUNCH("moe down");
+}
+
+}  // namespace
+
+void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
+                    const MoeScratch& s, int tile_tokens) {
+  GemmParams p = base_params(ex, s, true);
+  p.b = x;
+  p.b_rows = s.row_token;
+  if (ex.format == WeightFormat::Nvfp4)
+    launch_gate_up_t<true>(stream, p, tile_tokens, s.max_items);
+  else
+    launch_gate_up_t<false>(stream, p, tile_tokens, s.max_items);
+}
+
+void launch_down(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
+                 int tile_tokens) {
+  GemmParams p = base_params(ex, s, false);
+  p.b = s.h;
+  p.b_rows = nullptr;
+  if (ex.format == WeightFormat::Nvfp4)
+    launch_down_t<true>(stream, p, tile_tokens, s.max_items);
+  else
+    launch_down_t<false>(stream, p, tile_tokens, s.max_items);
+}
+
+}  // namespace tetra::ops::cuda

@@ -1,0 +1,296 @@
+// The MoE layer's small kernels: routing (router logits -> top-k experts and weights),
+// permutation (tokens grouped by expert into work items for the grouped GEMMs), and the
+// weighted combine. All sizes come from device memory or launch arguments fixed by T, so a
+// layer is capturable in a CUDA graph.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/moe_internal.h"
+
+namespace tetra::ops::cuda {
+namespace {
+
+constexpr int kRouteWarps = 4;     // tokens per routing block, one warp each
+constexpr int kPermuteThreads = 1024;
+constexpr int kMaxExperts = 1024;  // routing keeps a token's E scores in shared memory
+
+struct RouteParams {
+  const float* logits;
+  const float* bias;  // sigmoid only, may be null
+  int* ids;
+  float* weights;
+  int n_tokens, n_experts, top_k;
+  int n_group, topk_group;
+  bool sigmoid, norm;
+  float scaling;
+};
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ov > v || (ov == v && oi < i)) v = ov, i = oi;  // ties go to the lower index
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// One warp per token, FORMATS.md §2.2: scores (softmax, or sigmoid with the correction bias
+// for selection only), optional group pruning, top-k, optional renormalization, scaling.
+__global__ void __launch_bounds__(kRouteWarps * 32) route_kernel(RouteParams p) {
+  extern __shared__ float route_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kRouteWarps + warp;
+  if (t >= p.n_tokens) return;  // whole warps leave; the kernel has no block barrier
+  const int E = p.n_experts;
+  float* score = route_smem + warp * 2 * E;  // the weights come from these
+  float* sel = score + E;                    // and the choice from these
+  const float* l = p.logits + int64_t(t) * E;
+
+  if (!p.sigmoid) {
+    float m = -INFINITY;
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+      const float x = expf(l[e] - m);
+      score[e] = x;
+      sum += x;
+    }
+    const float inv = 1.0f / warp_sum(sum);
+    for (int e = lane; e < E; e += 32) score[e] *= inv, sel[e] = score[e];
+  } else {
+    for (int e = lane; e < E; e += 32) {
+      const float s = 1.0f / (1.0f + expf(-l[e]));
+      score[e] = s;
+      sel[e] = s + (p.bias ? p.bias[e] : 0.0f);
+    }
+  }
+  __syncwarp();
+
+  if (p.sigmoid && p.n_group > 1) {
+    // Group score = sum of the group's two best biased scores; keep topk_group groups and
+    // set the others' selection scores to 0.0 (masked_fill in transformers).
+    const int per = E / p.n_group;
+    float gscore = -INFINITY;
+    if (lane < p.n_group) {
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int e = lane * per; e < (lane + 1) * per; ++e) {
+        const float v = sel[e];
+        if (v > b1) b2 = b1, b1 = v;
+        else if (v > b2) b2 = v;
+      }
+      gscore = b1 + b2;
+    }
+    uint32_t keep = 0;
+    for (int r = 0; r < p.topk_group; ++r) {
+      float v = gscore;
+      int i = lane;
+      warp_argmax(v, i);
+      keep |= 1u << i;
+      if (lane == i) gscore = -INFINITY;
+    }
+    for (int e = lane; e < E; e += 32)
+      if (!((keep >> (e / per)) & 1u)) sel[e] = 0.0f;
+    __syncwarp();
+  }
+
+  float my_weight = 0.0f;  // lane j keeps the weight of the j-th choice
+  for (int j = 0; j < p.top_k; ++j) {
+    float v = -INFINITY;
+    int i = 0x7fffffff;
+    for (int e = lane; e < E; e += 32)
+      if (sel[e] > v) v = sel[e], i = e;  // strided scan: first hit is the lower index
+    warp_argmax(v, i);
+    if (i >= E) i = 0;  // only with NaN scores: keep the index in range
+    if (lane == j) my_weight = score[i];
+    if (lane == 0) {
+      p.ids[int64_t(t) * p.top_k + j] = i;
+      sel[i] = -INFINITY;
+    }
+    __syncwarp();
+  }
+  if (p.norm) {
+    const float sum = warp_sum(lane < p.top_k ? my_weight : 0.0f);
+    my_weight = p.sigmoid ? my_weight / (sum + 1e-20f) : my_weight / sum;
+  }
+  if (lane < p.top_k) p.weights[int64_t(t) * p.top_k + lane] = my_weight * p.scaling;
+}
+
+struct PermuteParams {
+  const int* ids;  // [T, k]
+  int n_tokens, top_k, n_experts;
+  bool shared;     // slot k of every token is the shared expert (id n_experts)
+  int tile_tokens;
+  MoeScratch s;
+};
+
+// One block: counts tokens per expert, lays the experts' rows out contiguously (expert
+// order), cuts each expert's rows into work items of at most tile_tokens, and records for
+// every (token, slot) its permuted row. Within an expert the row order is whatever the
+// atomics give; every row is computed independently, so the results do not depend on it.
+__global__ void __launch_bounds__(kPermuteThreads) permute_kernel(PermuteParams p) {
+  __shared__ int cnt[kMaxExperts + 1], off[kMaxExperts + 1], item_off[kMaxExperts + 1];
+  const int n_stored = p.n_experts + (p.shared ? 1 : 0);
+  const int kk = p.top_k + (p.shared ? 1 : 0);
+  const int n_rows = p.n_tokens * kk;
+  for (int e = threadIdx.x; e < n_stored; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n_rows; i += blockDim.x) {
+    const int t = i / kk, j = i - t * kk;
+    int e = j < p.top_k ? p.ids[int64_t(t) * p.top_k + j] : p.n_experts;
+    if (unsigned(e) >= unsigned(n_stored)) e = 0;  // out-of-range ids must not corrupt memory
+    p.s.pos[i] = atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    // Exclusive scans of rows and items per expert: each lane owns a run of experts.
+    const int lane = threadIdx.x, per = (n_stored + 31) / 32;
+    const int e0 = min(lane * per, n_stored), e1 = min(e0 + per, n_stored);
+    int rows = 0, items = 0;
+    for (int e = e0; e < e1; ++e) rows += cnt[e], items += (cnt[e] + p.tile_tokens - 1) / p.tile_tokens;
+    int rows_incl = rows, items_incl = items;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int r = __shfl_up_sync(0xffffffffu, rows_incl, o);
+      const int it = __shfl_up_sync(0xffffffffu, items_incl, o);
+      if (lane >= o) rows_incl += r, items_incl += it;
+    }
+    int r = rows_incl - rows, it = items_incl - items;
+    for (int e = e0; e < e1; ++e) {
+      off[e] = r;
+      item_off[e] = it;
+      r += cnt[e];
+      it += (cnt[e] + p.tile_tokens - 1) / p.tile_tokens;
+    }
+    if (lane == 31) *p.s.n_items = items_incl;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < n_stored; e += blockDim.x) {
+    const int n = cnt[e];
+    for (int q = 0; q * p.tile_tokens < n; ++q)
+      p.s.items[item_off[e] + q] =
+          MoeWorkItem{e, off[e] + q * p.tile_tokens, min(p.tile_tokens, n - q * p.tile_tokens), 0};
+  }
+  for (int i = threadIdx.x; i < n_rows; i += blockDim.x) {
+    const int t = i / kk, j = i - t * kk;
+    int e = j < p.top_k ? p.ids[int64_t(t) * p.top_k + j] : p.n_experts;
+    if (unsigned(e) >= unsigned(n_stored)) e = 0;
+    const int row = off[e] + p.s.pos[i];
+    p.s.pos[i] = row;
+    p.s.row_token[row] = t;
+  }
+}
+
+// out[t] = sum_j weights[t, j] * y[pos[t, j]] (+ y of the shared expert's row), in a fixed
+// slot order so the result is deterministic.
+__global__ void combine_kernel(const float* __restrict__ y, const int* __restrict__ pos,
+                               const float* __restrict__ weights, int top_k, bool shared,
+                               int hidden, __nv_bfloat16* __restrict__ out) {
+  const int t = blockIdx.x;
+  const int kk = top_k + (shared ? 1 : 0);
+  for (int h = 4 * threadIdx.x; h < hidden; h += 4 * blockDim.x) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < kk; ++j) {
+      const float w = j < top_k ? weights[int64_t(t) * top_k + j] : 1.0f;
+      const float4 v =
+          *reinterpret_cast<const float4*>(y + int64_t(pos[int64_t(t) * kk + j]) * hidden + h);
+      acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+    }
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + int64_t(t) * hidden + h);
+    o[0] = __floats2bfloat162_rn(acc.x, acc.y);
+    o[1] = __floats2bfloat162_rn(acc.z, acc.w);
+  }
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Random bytes uniform in [lo, hi): NVFP4 codes (0..16) and E4M3 block scales.
+__global__ void fill_bytes_kernel(uint8_t* dst, int64_t n, uint64_t seed, uint32_t lo, uint32_t span) {
+  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * 8; i < n;
+       i += int64_t(gridDim.x) * blockDim.x * 8) {
+    uint64_t r = mix64(seed ^ (uint64_t(i) * 0x2545f4914f6cdd1dull));
+    for (int b = 0; b < 8 && i + b < n; ++b, r = (r >> 8) | (r << 56))
+      dst[i + b] = uint8_t(lo + (span == 256 ? (r & 0xff) : (r & 0xff) % span));
+  }
+}
+
+__global__ void fill_bf16_kernel(__nv_bfloat16* dst, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t r = mix64(seed ^ (uint64_t(i) * 0x2545f4914f6cdd1dull));
+    const float u = float(r >> 40) * 0x1p-24f;  // [0, 1)
+    dst[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
+  }
+}
+
+}  // namespace
+
+void launch_route(cudaStream_t stream, const float* logits, int n_tokens, int n_experts,
+                  const RoutingSpec& spec, const float* bias, int* ids, float* weights) {
+  TETRA_CHECK(n_experts > 0 && n_experts <= kMaxExperts, "moe route: at most ", kMaxExperts,
+              " experts are supported, not ", n_experts);
+  TETRA_CHECK(spec.top_k > 0 && spec.top_k <= 32 && spec.top_k <= n_experts,
+              "moe route: top_k must be in 1..min(32, E), not ", spec.top_k);
+  const bool sigmoid = spec.scoring == Scoring::Sigmoid;
+  if (sigmoid && spec.n_group > 1)
+    TETRA_CHECK(spec.n_group <= 32 && n_experts % spec.n_group == 0 &&
+                    spec.topk_group >= 1 && spec.topk_group <= spec.n_group,
+                "moe route: n_group must divide E (at most 32 groups) and 1 <= topk_group <= n_group");
+  if (n_tokens == 0) return;
+  RouteParams p{logits, bias, ids, weights, n_tokens, n_experts, spec.top_k,
+                spec.n_group, spec.topk_group, sigmoid, spec.norm_topk_prob,
+                spec.routed_scaling_factor};
+  const size_t smem = size_t(kRouteWarps) * 2 * n_experts * sizeof(float);
+  route_kernel<<<(n_tokens + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, smem, stream>>>(p);
+  TETRA_CUDA_CHECK_LAUNCH("moe route");
+}
+
+void launch_permute(cudaStream_t stream, const int* ids, int n_tokens, int top_k, int n_experts,
+                    bool shared, int tile_tokens, const MoeScratch& s) {
+  TETRA_CHECK(n_experts + 1 <= kMaxExperts, "moe: at most ", kMaxExperts - 1, " experts");
+  PermuteParams p{ids, n_tokens, top_k, n_experts, shared, tile_tokens, s};
+  permute_kernel<<<1, kPermuteThreads, 0, stream>>>(p);
+  TETRA_CUDA_CHECK_LAUNCH("moe permute");
+}
+
+void launch_combine(cudaStream_t stream, const float* y, const int* pos, const float* weights,
+                    int n_tokens, int top_k, bool shared, int hidden, uint16_t* out) {
+  TETRA_CHECK(hidden % 4 == 0, "moe combine: hidden size must be a multiple of 4");
+  combine_kernel<<<n_tokens, 256, 0, stream>>>(y, pos, weights, top_k, shared, hidden,
+                                                reinterpret_cast<__nv_bfloat16*>(out));
+  TETRA_CUDA_CHECK_LAUNCH("moe combine");
+}
+
+void launch_fill_random_bytes(cudaStream_t stream, uint8_t* dst, int64_t n, uint64_t seed, int lo,
+                              int span) {
+  TETRA_CHECK(lo >= 0 && span >= 1 && lo + span <= 256, "fill bytes: bad range");
+  fill_bytes_kernel<<<1024, 256, 0, stream>>>(dst, n, seed, uint32_t(lo), uint32_t(span));
+  TETRA_CUDA_CHECK_LAUNCH("fill bytes");
+}
+
+void launch_fill_random_bf16(cudaStream_t stream, uint16_t* dst, int64_t n, uint64_t seed,
+                             float scale) {
+  fill_bf16_kernel<<<1024, 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(dst), n, seed, scale);
+  TETRA_CUDA_CHECK_LAUNCH("fill bf16");
+}
+
+}  // namespace tetra::ops::cuda
