@@ -3,6 +3,9 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <cstdio>
+#include <string_view>
+
 #include "core/error.h"
 
 namespace tetra::tok {
@@ -12,6 +15,85 @@ namespace {
 // Backtracking steps allowed per match attempt. Real pre-tokenizer patterns need a few per
 // character; a catastrophic pattern needs millions.
 constexpr uint32_t kMatchLimit = 10'000'000;
+
+struct DeltaRange {
+  char32_t first, last;
+  const char* category;
+};
+constexpr DeltaRange kUnicodeDelta[] = {
+#include "tokenizer/unicode_delta.inc"
+};
+
+// PCRE2 10.42 knows Unicode 14; HF's Oniguruma knows Unicode 16. Each \p{X} of a general
+// category gets the code points assigned since then (U+1FABF, a Unicode 15 emoji, must be
+// \p{S} as in HF), inside a class as extra ranges, outside as a new class.
+std::string widen_unicode_classes(const std::string& pat) {
+  std::string out;
+  bool in_class = false;
+  size_t i = 0;
+  auto ranges_for = [](std::string_view cat) {
+    std::string r;
+    char buf[48];
+    for (const DeltaRange& d : kUnicodeDelta) {
+      std::string_view c = d.category;
+      if (cat.size() == 1 ? c[0] != cat[0] : c != cat) continue;
+      std::snprintf(buf, sizeof buf, "\\x{%X}-\\x{%X}", static_cast<unsigned>(d.first), static_cast<unsigned>(d.last));
+      r += buf;
+    }
+    return r;
+  };
+  while (i < pat.size()) {
+    char c = pat[i];
+    if (c == '\\' && i + 1 < pat.size()) {
+      char e = pat[i + 1];
+      if (e == 'p' && i + 2 < pat.size()) {
+        size_t end;
+        std::string cat;
+        if (pat[i + 2] == '{') {
+          end = pat.find('}', i + 3);
+          if (end == std::string::npos) break;
+          cat = pat.substr(i + 3, end - i - 3);
+          ++end;
+        } else {
+          cat = pat.substr(i + 2, 1);
+          end = i + 3;
+        }
+        bool general = (cat.size() == 1 || cat.size() == 2) && std::string_view("LMNPSZC").find(cat[0]) != std::string_view::npos;
+        std::string extra = general ? ranges_for(cat) : std::string();
+        std::string orig = pat.substr(i, end - i);
+        if (extra.empty()) out += orig;
+        else if (in_class) out += orig + extra;
+        else out += "[" + orig + extra + "]";
+        i = end;
+        continue;
+      }
+      out += pat.substr(i, 2);
+      i += 2;
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      ++i;
+      if (i < pat.size() && pat[i] == '^') out += pat[i++];
+      if (i < pat.size() && pat[i] == ']') out += pat[i++];  // a leading ] is literal
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < pat.size() && pat[i + 1] == ':') {
+      size_t end = pat.find(":]", i + 2);  // POSIX class such as [:alpha:]
+      if (end != std::string::npos) {
+        out += pat.substr(i, end + 2 - i);
+        i = end + 2;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out += c;
+    ++i;
+  }
+  if (i < pat.size()) out += pat.substr(i);
+  return out;
+}
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buf[256];
@@ -35,8 +117,12 @@ Regex::Regex(const std::string& pattern, bool literal) : impl_(std::make_unique<
   int err = 0;
   PCRE2_SIZE err_off = 0;
   uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK;
-  if (literal) opts |= PCRE2_LITERAL;
-  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts,
+  std::string compiled = pattern;
+  if (literal)
+    opts |= PCRE2_LITERAL;
+  else
+    compiled = widen_unicode_classes(pattern);
+  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled.data()), compiled.size(), opts,
                               &err, &err_off, nullptr);
   if (!impl_->code)
     fail("tokenizer.json: regex '", pattern, "' does not compile at offset ", err_off, ": ",
