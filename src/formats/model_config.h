@@ -32,7 +32,14 @@ struct RopeConfig {
   double yarn_factor = 1.0;
   double yarn_original_max_position = 0;
   double yarn_beta_fast = 32, yarn_beta_slow = 1;
-  double yarn_mscale = 1, yarn_mscale_all_dim = 0;
+  double yarn_mscale = 1, yarn_mscale_all_dim = 0;  // mscale_all_dim 0: absent
+  // Multiplies cos and sin (transformers' attention_scaling). Resolved here from
+  // attention_factor, or mscale / mscale_all_dim, or 0.1 ln(factor) + 1, in transformers' order,
+  // so kernels never re-derive it from the raw mscale fields. 1 without YaRN.
+  double yarn_attention_factor = 1.0;
+  bool yarn_truncate = true;  // floor/ceil the correction range (rope_parameters "truncate")
+
+  bool operator==(const RopeConfig&) const = default;
 };
 
 struct ModelConfig {
@@ -63,8 +70,13 @@ struct ModelConfig {
 
   // DSA indexer (glm_moe_dsa)
   int64_t index_n_heads = 0;
-  int64_t index_head_dim = 0;
+  int64_t index_head_dim = 0;         // the first qk_rope_head_dim dims rotate, the rest pass
   int64_t index_topk = 0;
+  bool indexer_rope_interleaved = false;  // indexer_rope_interleave (GLM-5: GPT-J pairs)
+  // One entry per layer for glm_moe_dsa, empty otherwise: the layer runs its own indexer
+  // ("full") or reuses the top-k of the previous full layer ("shared", GLM-5.2 indexer_types);
+  // shared layers have no indexer weights and no indexer key cache.
+  std::vector<bool> layer_has_indexer;
 
   // MLP and MoE
   int64_t intermediate_size = 0;      // dense MLP layers
@@ -85,6 +97,8 @@ struct ModelConfig {
   int64_t bos_token_id = -1;
 
   bool is_mla() const { return kv_lora_rank > 0; }
+  // Field by field; two spellings of one config.json parse to equal configs.
+  bool operator==(const ModelConfig&) const = default;
   int64_t qk_head_dim() const { return is_mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
 };
 

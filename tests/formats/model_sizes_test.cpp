@@ -1,0 +1,115 @@
+// model_sizes against published parameter counts and hand-computed KV bytes.
+#include "formats/model_config.h"
+
+#include <cstdint>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model_config_fixtures.h"
+
+namespace tetra {
+namespace {
+
+using nlohmann::json;
+using namespace tetra::testing;
+
+// ---- sizes --------------------------------------------------------------------------------
+
+TEST(ModelSizes, Glm5MatchesPublishedFigures) {
+  ModelSizes s = model_sizes(parse(glm5()));
+  // Published: 744B total, 40B active. By hand from §1.1 (MTP layer 78 excluded):
+  //   embed + lm_head 2 x 154880 x 6144 (+ final norm)             =   1.903B
+  //   attention per layer: MLA 165.0M + DSA indexer 9.37M + norms 12K = 174.4M x 78 = 13.60B
+  //     (q_a 12.58M, q_b 33.55M, kv_a 3.54M, kv_b 14.68M, o 100.66M, q/kv norms 2.5K)
+  //   dense MLP 3 x 6144 x 12288 = 226.5M                             x 3  =  0.68B
+  //   MoE layer: 256 experts x 37.75M + shared 37.75M + router 1.57M   x 75 = 727.72B
+  //   total 743,911,218,432 = 743.9B, 0.01% under the published 744B.
+  // Active keeps 8 of 256 experts: 341.3M per MoE layer x 75 = 25.6B, 41.78B in all, 4.5%
+  // over the published 40B. Leaving out the input embedding table (0.95B; a token reads one
+  // row of it) gives 40.83B, and the rest is rounding: the card's "40B" is not more precise
+  // than that. We count the whole table in active (DeepSeek-V3: 37.55B here, 37B on its card).
+  EXPECT_EQ(s.params_total, 743911218432);
+  EXPECT_EQ(s.params_active, 41784728832);
+  EXPECT_NEAR(s.params_total / 744e9, 1.0, 0.01);
+  EXPECT_NEAR(s.params_active / 40e9, 1.0, 0.05);
+  EXPECT_NEAR((s.params_active - 154880.0 * 6144) / 40e9, 1.0, 0.03);
+  // Latent (512) + rope key (64) per layer, plus the 128-dim indexer key, bf16.
+  EXPECT_EQ(s.kv_bytes_per_token, 78 * (512 + 64) * 2 + 78 * 128 * 2);
+  EXPECT_EQ(model_sizes(parse(glm5()), 1).kv_bytes_per_token, 78 * (512 + 64 + 128));
+}
+
+TEST(ModelSizes, PublishedModels) {
+  // Computed here (MTP layers excluded, embeddings counted) against the model cards.
+  // GLM-4.5's card (355B-A32B) likely counts its MTP layer (~3.9B with a full MoE block); we
+  // get 352.8B / 33.6B. GLM-4.7-Flash's "A3B" is a rounded name: 3.90B active, 3.58B without
+  // the input embedding, so only its total is compared.
+  struct Case {
+    const char* name;
+    json config;
+    double total, active, tolerance;  // published, in parameters; 0: not compared
+  };
+  const Case cases[] = {
+      {"DeepSeek-V3 671B-A37B", deepseek_v3(), 671e9, 37e9, 0.02},   // 671.03B / 37.55B
+      {"Qwen3-30B-A3B", qwen3_30b(), 30.5e9, 3.3e9, 0.02},           // 30.53B / 3.35B
+      {"Mixtral 8x7B", mixtral_8x7b(), 46.7e9, 12.9e9, 0.01},        // 46.70B / 12.88B
+      {"GLM-4.5 355B-A32B", glm45(), 355e9, 32e9, 0.06},             // 352.80B / 33.63B
+      {"GLM-4.7-Flash 30B-A3B", glm47_flash(), 30e9, 0, 0.01},       // 29.94B / 3.90B
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ModelSizes s = model_sizes(parse(c.config));
+    EXPECT_NEAR(s.params_total / c.total, 1.0, c.tolerance) << s.params_total;
+    if (c.active > 0) {
+      EXPECT_NEAR(s.params_active / c.active, 1.0, c.tolerance) << s.params_active;
+    }
+  }
+  // Mixtral by hand: q and o are 4096 x 4096, k and v 4096 x 1024 (8 kv heads x 128).
+  const int64_t attn = 4096LL * 4096 * 2 + 4096LL * 1024 * 2, expert = 3LL * 4096 * 14336;
+  const int64_t layer_shared = attn + 2 * 4096 + 8 * 4096;  // + norms + router
+  const int64_t edges = 2LL * 32000 * 4096 + 4096;
+  ModelSizes m = model_sizes(parse(mixtral_8x7b()));
+  EXPECT_EQ(m.params_total, edges + 32 * (layer_shared + 8 * expert));
+  EXPECT_EQ(m.params_active, edges + 32 * (layer_shared + 2 * expert));
+}
+
+TEST(ModelSizes, KvBytesAndTiedEmbeddings) {
+  ModelConfig q = parse(qwen3_30b());
+  EXPECT_EQ(model_sizes(q).kv_bytes_per_token, 48 * 2 * 4 * 128 * 2);
+  EXPECT_EQ(model_sizes(q, 1).kv_bytes_per_token, 48 * 2 * 4 * 128);
+  ModelConfig d = parse(deepseek_v3());
+  EXPECT_EQ(model_sizes(d).kv_bytes_per_token, 61 * (512 + 64) * 2);  // MLA, no indexer
+  json tied = qwen3_30b();
+  tied["tie_word_embeddings"] = true;
+  ModelSizes a = model_sizes(q), b = model_sizes(parse(tied));
+  EXPECT_EQ(a.params_total - b.params_total, 151936 * 2048);
+  EXPECT_EQ(a.params_active - b.params_active, 151936 * 2048);
+  EXPECT_THROW(model_sizes(q, 0), Error);
+}
+
+TEST(ModelSizes, SharedIndexerLayersHoldNoIndexer) {
+  json j = glm5();
+  ModelSizes full = model_sizes(parse(j));
+  j["indexer_types"] = json::array();
+  for (int i = 0; i < 78; ++i) j["indexer_types"].push_back(i % 2 == 0 ? "full" : "shared");
+  ModelSizes half = model_sizes(parse(j));
+  const int64_t indexer = 2048 * 32 * 128 + 6144 * 128 + 2 * 128 + 6144 * 32;
+  EXPECT_EQ(full.params_total - half.params_total, 39 * indexer);
+  EXPECT_EQ(full.kv_bytes_per_token - half.kv_bytes_per_token, 39 * 128 * 2);
+}
+
+TEST(ModelSizes, LargestBoundsFitInt64) {
+  // Every dimension at its bound: the bounds are chosen so that sizes stay within int64.
+  json j = {{"model_type", "qwen3_moe"}, {"hidden_size", 65536}, {"num_hidden_layers", 1024},
+            {"num_attention_heads", 1024}, {"num_key_value_heads", 1024}, {"head_dim", 1024},
+            {"vocab_size", 4194304}, {"intermediate_size", 1048576}, {"moe_intermediate_size", 1048576},
+            {"num_experts", 4096}, {"num_experts_per_tok", 4096}, {"max_position_embeddings", 16777216}};
+  ModelSizes s = model_sizes(parse(j));
+  EXPECT_GT(s.params_total, int64_t{864} * 1000 * 1000 * 1000 * 1000 * 1000);  // 8.6e17 of experts
+  EXPECT_EQ(s.params_active, s.params_total);
+  EXPECT_EQ(s.kv_bytes_per_token, int64_t{1024} * 2 * 1024 * 1024 * 2);
+}
+
+}  // namespace
+}  // namespace tetra
