@@ -3,8 +3,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
-#include <cstring>
 #include <optional>
 #include <cstdio>
 #include <filesystem>
@@ -17,9 +15,7 @@
 #include "model/model.h"
 #include "model_summary.h"
 #include "progress.h"
-#include "runtime/kv_cache.h"
-#include "runtime/sampler.h"
-#include "runtime/step_builder.h"
+#include "runtime/generate.h"
 #ifdef TETRA_HAVE_TOKENIZER
 #include "tokenizer/tokenizer.h"
 #endif
@@ -47,17 +43,6 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-// FNV-1a over the bits of every logit the run produced: a changed number is a changed hash.
-struct Fingerprint {
-  uint32_t h = 2166136261u;
-  void add(const std::vector<float>& v) {
-    for (float f : v) {
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      for (int i = 0; i < 4; ++i) h = (h ^ ((bits >> (8 * i)) & 0xff)) * 16777619u;
-    }
-  }
-};
 
 }  // namespace
 
@@ -120,66 +105,27 @@ int cmd_generate(int argc, char** argv) {
   const ModelConfig& config = model->config();
   std::fprintf(stderr, "%s\nbackend: %s\n", describe_architecture(config).c_str(), backend->name().c_str());
 
-  for (int32_t id : prompt_tokens)
-    TETRA_CHECK(id < config.vocab_size, "prompt token id ", id, " is outside the vocabulary of ",
-                config.vocab_size);
-  const int64_t total = int64_t(prompt_tokens.size()) + max_new_tokens;
-  TETRA_CHECK(total <= config.max_position_embeddings, "prompt (", prompt_tokens.size(),
-              " tokens) plus --max-new-tokens ", max_new_tokens,
-              " exceeds the model's context of ", config.max_position_embeddings);
-
-  const int block_size = 16;
-  const int64_t n_blocks = (total + block_size - 1) / block_size;
-  runtime::KvCache cache(*backend, model->kv_layout(), block_size, n_blocks);
-  std::vector<int32_t> blocks;
-  for (int32_t b = 0; b < n_blocks; ++b) blocks.push_back(b);
-  runtime::StepBuilder builder(*backend, block_size);
-  runtime::Sampler sampler(seed);
-  runtime::SamplingParams params{.temperature = temperature, .top_p = top_p, .top_k = top_k};
-
-  std::vector<int32_t> sequence = prompt_tokens, generated;
-  std::vector<float> logprobs, logits(size_t(config.vocab_size));
-  auto logits_buf = backend->alloc(DType::F32, {1, config.vocab_size});
-  Fingerprint fingerprint;
-  std::string finish_reason = "length";
-  const auto t0 = std::chrono::steady_clock::now();
-  double prefill_s = 0;
-  int64_t done = 0;  // tokens of `sequence` already in the cache
-  while (int64_t(generated.size()) < max_new_tokens) {
-    runtime::SeqChunk chunk{.tokens = std::span<const int32_t>(sequence).subspan(size_t(done)),
-                            .start_position = done,
-                            .blocks = blocks};
-    model->forward(builder.build({chunk}), cache.layers(), logits_buf->view());
-    backend->copy_to_host(logits.data(), logits_buf->view());
-    if (done == 0)
-      prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    done = int64_t(sequence.size());
-    fingerprint.add(logits);
-    const runtime::Sample s = sampler.sample(logits, params);
-    generated.push_back(s.token);
-    logprobs.push_back(s.logprob);
-    sequence.push_back(s.token);
-    const auto& eos = config.eos_token_ids;
-    if (!ignore_eos && std::find(eos.begin(), eos.end(), s.token) != eos.end()) {
-      finish_reason = "stop";
-      break;
-    }
-  }
-  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  runtime::GenerateOptions gen{.max_new_tokens = max_new_tokens,
+                                .sampling = {.temperature = temperature, .top_p = top_p, .top_k = top_k},
+                                .seed = seed,
+                                .ignore_eos = ignore_eos};
+  const runtime::GenerateResult r = runtime::generate(*model, *backend, prompt_tokens, gen);
+  const auto& generated = r.token_ids;
   std::string text;
 #ifdef TETRA_HAVE_TOKENIZER
   if (tokenizer) text = tokenizer->decode(std::vector<tok::TokenId>(generated.begin(), generated.end()));
 #endif
   char fp[16];
-  std::snprintf(fp, sizeof fp, "#%08x", fingerprint.h);
-  const double decode_tps = generated.size() > 1 ? double(generated.size() - 1) / (total_s - prefill_s) : 0.0;
+  std::snprintf(fp, sizeof fp, "#%08x", r.logits_fingerprint);
+  const double decode_s = r.total_seconds - r.prefill_seconds;
+  const double decode_tps = generated.size() > 1 && decode_s > 0 ? double(generated.size() - 1) / decode_s : 0.0;
   std::fprintf(stderr, "prompt %zu tokens in %.3f s; %zu tokens generated, %.1f tok/s decode; logits %s\n",
-               prompt_tokens.size(), prefill_s, generated.size(), decode_tps, fp);
+               prompt_tokens.size(), r.prefill_seconds, generated.size(), decode_tps, fp);
   if (json) {
     nlohmann::json out = {{"token_ids", generated},
-                          {"logprobs", logprobs},
+                          {"logprobs", r.logprobs},
                           {"text", text},
-                          {"finish_reason", finish_reason},
+                          {"finish_reason", r.finish_reason},
                           {"prompt_tokens", prompt_tokens.size()},
                           {"fingerprint", fp}};
     std::printf("%s\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

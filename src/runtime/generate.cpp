@@ -1,0 +1,75 @@
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "runtime/kv_cache.h"
+#include "runtime/step_builder.h"
+
+namespace tetra::runtime {
+namespace {
+
+void fingerprint_add(uint32_t& h, const std::vector<float>& values) {
+  for (float f : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    for (int i = 0; i < 4; ++i) h = (h ^ ((bits >> (8 * i)) & 0xffu)) * 16777619u;
+  }
+}
+
+}  // namespace
+
+GenerateResult generate(model::Model& model, ops::Backend& backend,
+                        const std::vector<int32_t>& prompt, const GenerateOptions& options) {
+  const ModelConfig& config = model.config();
+  TETRA_CHECK(!prompt.empty(), "the prompt has no tokens");
+  for (int32_t id : prompt)
+    TETRA_CHECK(id >= 0 && id < config.vocab_size, "prompt token id ", id,
+                " is outside the vocabulary of ", config.vocab_size);
+  const int64_t total = int64_t(prompt.size()) + options.max_new_tokens;
+  TETRA_CHECK(total <= config.max_position_embeddings, "the prompt (", prompt.size(),
+              " tokens) plus ", options.max_new_tokens,
+              " new tokens exceeds the model's context of ", config.max_position_embeddings);
+
+  const int bs = options.block_size;
+  const int64_t n_blocks = (total + bs - 1) / bs;
+  KvCache cache(backend, model.kv_layout(), bs, n_blocks);
+  std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
+  for (int64_t b = 0; b < n_blocks; ++b) blocks[size_t(b)] = int32_t(b);
+  StepBuilder builder(backend, bs);
+  Sampler sampler(options.seed);
+  auto logits_buf = backend.alloc(DType::F32, {1, config.vocab_size});
+  std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+
+  GenerateResult r;
+  r.logits_fingerprint = 2166136261u;
+  r.finish_reason = "length";
+  std::vector<int32_t> sequence = prompt;
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t cached = 0;  // tokens of `sequence` already written to the cache
+  while (int64_t(r.token_ids.size()) < options.max_new_tokens) {
+    SeqChunk chunk{.tokens = std::span<const int32_t>(sequence).subspan(size_t(cached)),
+                   .start_position = cached,
+                   .blocks = blocks};
+    model.forward(builder.build({chunk}), cache.layers(), logits_buf->view());
+    backend.copy_to_host(logits.data(), logits_buf->view());
+    if (cached == 0)
+      r.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    cached = int64_t(sequence.size());
+    fingerprint_add(r.logits_fingerprint, logits);
+    const Sample s = sampler.sample(logits, options.sampling);
+    r.token_ids.push_back(s.token);
+    r.logprobs.push_back(s.logprob);
+    sequence.push_back(s.token);
+    const auto& eos = config.eos_token_ids;
+    if (!options.ignore_eos && std::find(eos.begin(), eos.end(), s.token) != eos.end()) {
+      r.finish_reason = "stop";
+      break;
+    }
+  }
+  r.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace tetra::runtime

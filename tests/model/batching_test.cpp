@@ -1,0 +1,54 @@
+// A ragged batch (sequences of different lengths, prefill and decode mixed) gives every
+// sequence the logits it gets alone.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fixtures.h"
+#include "model/model.h"
+#include "runtime/kv_cache.h"
+#include "runtime/step_builder.h"
+
+namespace tetra {
+namespace {
+
+std::vector<float> run(model::Model& m, ops::Backend& b, runtime::KvCache& cache,
+                       const std::vector<runtime::SeqChunk>& chunks) {
+  runtime::StepBuilder builder(b, cache.block_size());
+  const int64_t vocab = m.config().vocab_size;
+  auto logits = b.alloc(DType::F32, {int64_t(chunks.size()), vocab});
+  m.forward(builder.build(chunks), cache.layers(), logits->view());
+  std::vector<float> host(static_cast<size_t>(chunks.size() * size_t(vocab)));
+  b.copy_to_host(host.data(), logits->view());
+  return host;
+}
+
+TEST(Batching, RaggedBatchEqualsSequencesAlone) {
+  const auto dir = testing::fixtures_dir() / "qwen3_moe-tiny";
+  ASSERT_TRUE(std::filesystem::exists(dir / "config.json")) << dir << " is missing";
+  auto backend = ops::make_cpu_backend(2);
+  auto model = model::load_model(dir, *backend);
+  const int bs = 4;
+  const std::vector<int32_t> a = {5, 17, 42, 99, 3, 8, 21}, b = {7, 1, 250};
+  const std::vector<int32_t> blocks_a = {3, 0}, blocks_b = {1, 2};
+
+  // Alone: A's first 5 tokens then its next 2; B whole.
+  runtime::KvCache alone(*backend, model->kv_layout(), bs, 4);
+  std::span<const int32_t> sa(a), sb(b);
+  run(*model, *backend, alone, {{sa.subspan(0, 5), 0, blocks_a}});
+  auto want_a = run(*model, *backend, alone, {{sa.subspan(5), 5, blocks_a}});
+  auto want_b = run(*model, *backend, alone, {{sb, 0, blocks_b}});
+
+  // Together: A's prefix alone, then A's 2-token chunk beside B's whole prompt in one step.
+  runtime::KvCache together(*backend, model->kv_layout(), bs, 4);
+  run(*model, *backend, together, {{sa.subspan(0, 5), 0, blocks_a}});
+  auto both = run(*model, *backend, together, {{sa.subspan(5), 5, blocks_a}, {sb, 0, blocks_b}});
+  const size_t vocab = want_a.size();
+  for (size_t i = 0; i < vocab; ++i) {
+    ASSERT_NEAR(both[i], want_a[i], 1e-5f) << i;
+    ASSERT_NEAR(both[vocab + i], want_b[i], 1e-5f) << i;
+  }
+}
+
+}  // namespace
+}  // namespace tetra
