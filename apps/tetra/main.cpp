@@ -9,6 +9,7 @@
 
 namespace tetra::cli {
 // One declaration and one table row per command.
+int cmd_bench(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 }  // namespace tetra::cli
@@ -20,6 +21,7 @@ using tetra::cli::Command;
 const Command kCommands[] = {
     {"inspect", "describe a model folder: architecture, sizes, tensors", tetra::cli::cmd_inspect},
     {"generate", "generate tokens from a prompt", tetra::cli::cmd_generate},
+    {"bench", "benchmarks: tetra bench moe (kernels on the GPU)", tetra::cli::cmd_bench},
 };
 
 void print_usage(FILE* out) {

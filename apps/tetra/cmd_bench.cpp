@@ -1,0 +1,108 @@
+// tetra bench: kernel and serving benchmarks, one subcommand each (`tetra bench moe ...`).
+// They report numbers; they never decide pass or fail.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "core/error.h"
+#ifdef TETRA_HAVE_BENCH_MOE
+#include "bench/moe_bench.h"
+#endif
+
+namespace tetra::cli {
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int bench_moe(int argc, char** argv) {
+  CLI::App app{"The NVFP4 MoE layer on the GPU against BF16 weights through cuBLAS, per token count.",
+               "tetra bench moe"};
+  std::string shapes = "glm5,deepseek-v3,qwen3-30b", tokens = "1,4,16,64,256,1024,4096,16384";
+  std::string routing = "uniform,skewed";
+  int iters = 30, tile = 0;
+  bool sweep = false, no_baseline = false, json = false, verbose = false;
+  app.add_option("--shape", shapes, "comma-separated shapes: glm5, deepseek-v3, qwen3-30b");
+  app.add_option("--tokens", tokens, "comma-separated token counts (1..65536)");
+  app.add_option("--routing", routing, "comma-separated routings: uniform, skewed");
+  app.add_option("--iters", iters, "timed runs per measurement (at least 20 for published numbers)")
+      ->check(CLI::Range(1, 10000));
+  app.add_option("--tile", tile, "force the GEMM tile width in tokens (8, 16, 32)")
+      ->check(CLI::IsMember({0, 8, 16, 32}));
+  app.add_flag("--sweep", sweep, "also time every tile width and print each");
+  app.add_flag("--no-baseline", no_baseline, "skip the BF16 cuBLAS baseline");
+  app.add_flag("--json", json, "print one JSON object on stdout");
+  app.add_flag("--verbose", verbose, "say which configuration was chosen and why");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+#ifdef TETRA_HAVE_BENCH_MOE
+  bench::MoeBenchOptions opt;
+  opt.shapes = split_list(shapes);
+  opt.tokens.clear();
+  for (const std::string& t : split_list(tokens)) {
+    try {
+      opt.tokens.push_back(std::stoi(t));
+    } catch (const std::exception&) {
+      fail("--tokens takes comma-separated integers, not '", t, "'");
+    }
+  }
+  opt.routings = split_list(routing);
+  opt.iters = iters;
+  opt.tile_tokens = tile;
+  opt.sweep_tiles = sweep;
+  opt.baseline = !no_baseline;
+  opt.json = json;
+  opt.verbose = verbose;
+  return bench::run_moe_bench(opt);
+#else
+  (void)verbose;
+  std::fprintf(stderr, "tetra bench moe: this build has no CUDA backend; rebuild with -DTETRA_CUDA=ON\n");
+  return 1;
+#endif
+}
+
+struct Sub {
+  const char* name;
+  const char* summary;
+  int (*run)(int, char**);
+};
+
+const Sub kSubs[] = {
+    {"moe", "the MoE layer on the GPU: NVFP4 against BF16 cuBLAS", bench_moe},
+};
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  auto usage = [](FILE* f) {
+    std::fprintf(f, "usage: tetra bench <benchmark> [options]\n\nbenchmarks:\n");
+    for (const Sub& s : kSubs) std::fprintf(f, "  %-10s %s\n", s.name, s.summary);
+  };
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Sub& s : kSubs) {
+    if (std::strcmp(argv[1], s.name) != 0) continue;
+    std::string prog = std::string("tetra bench ") + s.name;
+    argv[1] = prog.data();
+    return s.run(argc - 1, argv + 1);
+  }
+  std::fprintf(stderr, "tetra bench: unknown benchmark '%s' (try `tetra bench --help`)\n", argv[1]);
+  return 2;
+}
+
+}  // namespace tetra::cli

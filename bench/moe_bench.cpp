@@ -1,0 +1,367 @@
+// `tetra bench moe` (see moe_bench.h). Protocol (docs GPU.md): random weights and inputs,
+// CUDA-graph replays timed with events after warm-up, median/min/max of `iters` runs, expert
+// weights rotated over enough layer copies that L2 cannot serve them, the baseline in the
+// same run. Reports; never judges.
+#include "bench/moe_bench.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "bench/moe_baseline.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_internal.h"
+
+namespace tetra::bench {
+namespace {
+
+using ops::cuda::MoeShape;
+
+// Ceilings measured on the H200 (docs/GPU.md, 2026-11-29): device copy and bf16 dense GEMM.
+constexpr double kBytesPerSecond = 4.24e12;
+constexpr double kBf16FlopsPerSecond = 758e12;
+
+struct ShapeSpec {
+  const char* name;
+  MoeShape shape;
+  int top_k;
+  ops::Scoring scoring;
+  int n_group, topk_group;
+  bool norm;
+  float scaling;
+};
+
+const ShapeSpec kShapes[] = {
+    {"glm5", {6144, 2048, 256, true}, 8, ops::Scoring::Sigmoid, 1, 1, true, 2.5f},
+    {"deepseek-v3", {7168, 2048, 256, true}, 8, ops::Scoring::Sigmoid, 8, 4, true, 2.5f},
+    {"qwen3-30b", {2048, 768, 128, false}, 8, ops::Scoring::Softmax, 1, 1, true, 1.0f},
+};
+
+struct Stats {
+  double median_us = 0, min_us = 0, max_us = 0;
+};
+
+// A device allocation that frees itself.
+struct DeviceMem {
+  void* p = nullptr;
+  explicit DeviceMem(size_t bytes) { TETRA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1))); }
+  ~DeviceMem() { cudaFree(p); }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+struct Graph {
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec) cudaGraphExecDestroy(exec);
+  }
+};
+
+// Captures what `enqueue` puts on the stream into an executable graph.
+template <typename F>
+std::unique_ptr<Graph> capture(cudaStream_t stream, F&& enqueue) {
+  TETRA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue();
+  } catch (...) {
+    cudaGraph_t g;
+    cudaStreamEndCapture(stream, &g);
+    throw;
+  }
+  cudaGraph_t g;
+  TETRA_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+  auto out = std::make_unique<Graph>();
+  TETRA_CUDA_CHECK(cudaGraphInstantiate(&out->exec, g, 0));
+  TETRA_CUDA_CHECK(cudaGraphDestroy(g));
+  return out;
+}
+
+// Replays graph i % n for run i, each between two events; two warm-up rounds first.
+Stats time_graphs(cudaStream_t stream, const std::vector<std::unique_ptr<Graph>>& graphs, int iters) {
+  for (int w = 0; w < 2; ++w)
+    for (const auto& g : graphs) TETRA_CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
+  std::vector<cudaEvent_t> ev(size_t(2 * iters));
+  for (auto& e : ev) TETRA_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < iters; ++i) {
+    TETRA_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * i)], stream));
+    TETRA_CUDA_CHECK(cudaGraphLaunch(graphs[size_t(i) % graphs.size()]->exec, stream));
+    TETRA_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * i + 1)], stream));
+  }
+  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> us;
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    TETRA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]));
+    us.push_back(ms * 1e3);
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::sort(us.begin(), us.end());
+  return Stats{us[us.size() / 2], us.front(), us.back()};
+}
+
+// Router logits: standard normal, plus for "skewed" a popularity term -ln(1 + rank) over a
+// random ranking of the experts (a few experts take most tokens, as real routers do).
+std::vector<float> draw_logits(int T, int E, bool skewed, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> bias(static_cast<size_t>(E), 0.0f);
+  if (skewed) {
+    std::vector<int> rank(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) rank[size_t(e)] = e;
+    std::shuffle(rank.begin(), rank.end(), rng);
+    for (int e = 0; e < E; ++e) bias[size_t(e)] = -1.5f * std::log1p(float(rank[size_t(e)]));
+  }
+  std::vector<float> l(size_t(T) * E);
+  for (int t = 0; t < T; ++t)
+    for (int e = 0; e < E; ++e) l[size_t(t) * E + e] = nd(rng) + bias[size_t(e)];
+  return l;
+}
+
+const ShapeSpec& find_shape(const std::string& name) {
+  for (const ShapeSpec& s : kShapes)
+    if (name == s.name) return s;
+  fail("unknown MoE shape '", name, "' (known: glm5, deepseek-v3, qwen3-30b)");
+}
+
+struct Row {
+  std::string shape, routing, config, why;
+  int tokens = 0, distinct = 0;
+  Stats nvfp4, bf16;
+  std::vector<std::pair<int, Stats>> sweep;
+  double bytes = 0, flops = 0, floor_us = 0;
+};
+
+void print_header() {
+  std::printf("%-11s %-7s %6s %5s %10s %10s %10s %8s %7s %7s %11s %7s  %s\n", "shape", "routing",
+              "T", "U", "us(med)", "us(min)", "us(max)", "GB/s", "%floor", "TFLOP/s", "bf16cuBLAS",
+              "speedup", "config");
+}
+
+void print_row(const Row& r) {
+  const double s = r.nvfp4.median_us * 1e-6;
+  std::printf("%-11s %-7s %6d %5d %10.1f %10.1f %10.1f %8.0f %6.1f%% %7.1f %11.1f %6.2fx  %s\n",
+              r.shape.c_str(), r.routing.c_str(), r.tokens, r.distinct, r.nvfp4.median_us,
+              r.nvfp4.min_us, r.nvfp4.max_us, r.bytes / s * 1e-9, 100.0 * r.floor_us / r.nvfp4.median_us,
+              r.flops / s * 1e-12, r.bf16.median_us,
+              r.bf16.median_us > 0 ? r.bf16.median_us / r.nvfp4.median_us : 0.0, r.config.c_str());
+  for (const auto& [tile, st] : r.sweep)
+    std::printf("%-11s %-7s %6s %5s %10.1f %10.1f %10.1f %8.0f %6.1f%%  (tile_tokens=%d)\n", "", "", "",
+                "", st.median_us, st.min_us, st.max_us, r.bytes / (st.median_us * 1e-6) * 1e-9,
+                100.0 * r.floor_us / st.median_us, tile);
+}
+
+nlohmann::json to_json(const Row& r) {
+  auto stats = [](const Stats& s) {
+    return nlohmann::json{{"median_us", s.median_us}, {"min_us", s.min_us}, {"max_us", s.max_us}};
+  };
+  const double s = r.nvfp4.median_us * 1e-6;
+  nlohmann::json j{{"shape", r.shape}, {"routing", r.routing}, {"tokens", r.tokens},
+                   {"distinct_experts", r.distinct}, {"nvfp4", stats(r.nvfp4)},
+                   {"bytes", r.bytes}, {"flops", r.flops}, {"effective_gbps", r.bytes / s * 1e-9},
+                   {"floor_us", r.floor_us}, {"pct_of_floor", 100.0 * r.floor_us / r.nvfp4.median_us},
+                   {"tflops", r.flops / s * 1e-12}, {"config", r.config}};
+  if (r.bf16.median_us > 0) j["bf16_cublas"] = stats(r.bf16);
+  for (const auto& [tile, st] : r.sweep) j["sweep"][std::to_string(tile)] = stats(st);
+  return j;
+}
+
+void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::Context& base_ctx,
+                 cublasHandle_t cublas, cudaStream_t stream, nlohmann::json& json_rows) {
+  const MoeShape& ms = spec.shape;
+  const int H = int(ms.hidden), E = ms.n_experts, k = spec.top_k;
+  const int kk = k + (ms.shared_expert ? 1 : 0);
+  const int t_max = *std::max_element(opt.tokens.begin(), opt.tokens.end());
+
+  // Layer copies: enough that one token's experts, rotated, exceed 3x the L2.
+  const int64_t l2 = base_ctx.props->l2_bytes;
+  auto probe = ops::cuda::random_experts(base_ctx, MoeShape{ms.hidden, ms.intermediate, 1, false},
+                                         ops::WeightFormat::Nvfp4, 1);
+  const int64_t expert_bytes = ops::cuda::experts_bytes_per_expert(*probe);
+  probe.reset();
+  int n_layers = int(std::clamp<int64_t>((3 * l2) / (kk * expert_bytes) + 1, 2, 16));
+  const double layer_bytes = (E + (ms.shared_expert ? 1 : 0)) * expert_bytes * (opt.baseline ? 1 + 16 / 4.5 : 1.0);
+  size_t free_b = 0, total_b = 0;
+  TETRA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  n_layers = int(std::max<int64_t>(1, std::min<int64_t>(n_layers, int64_t(free_b * 0.6 / layer_bytes))));
+
+  std::vector<std::unique_ptr<ops::MoeExperts>> fp4, bf16;
+  for (int l = 0; l < n_layers; ++l) {
+    fp4.push_back(ops::cuda::random_experts(base_ctx, ms, ops::WeightFormat::Nvfp4, 100 + 10 * l));
+    if (opt.baseline)
+      bf16.push_back(ops::cuda::random_experts(base_ctx, ms, ops::WeightFormat::Dense, 500 + 10 * l));
+  }
+  if (!opt.json)
+    std::printf("\n%s: H %d, I %lld, %d experts, top-%d%s; NVFP4 %.1f MB/expert; weights rotated "
+                "over %d layer copies (%.1f GB NVFP4), L2 %.0f MB\n",
+                spec.name, H, (long long)ms.intermediate, E, k, ms.shared_expert ? " + shared" : "",
+                expert_bytes / 1e6, n_layers, n_layers * (E + 1) * expert_bytes / 1e9, l2 / 1e6);
+
+  DeviceMem x(size_t(t_max) * H * 2), logits(size_t(t_max) * E * 4), bias(size_t(E) * 4),
+      ids(size_t(t_max) * k * 4), weights(size_t(t_max) * k * 4), out(size_t(t_max) * H * 2);
+  ops::cuda::launch_fill_random_bf16(stream, x.as<uint16_t>(), int64_t(t_max) * H, 7, 1.7f);
+  {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    std::vector<float> b(static_cast<size_t>(E));
+    for (auto& v : b) v = nd(rng);
+    TETRA_CUDA_CHECK(cudaMemcpy(bias.p, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
+  }
+  const int64_t ws_bytes = ops::cuda::moe_workspace_bytes(*fp4[0], t_max, k);
+  DeviceMem ws{static_cast<size_t>(ws_bytes)};
+  ops::Context ctx = base_ctx;
+  ctx.workspace = ops::Workspace{ws.p, ws_bytes};
+
+  const int64_t rows_max = int64_t(t_max) * kk;
+  std::unique_ptr<DeviceMem> b_rows, b_pos, b_xp, b_g13, b_h, b_y;
+  if (opt.baseline) {
+    b_rows = std::make_unique<DeviceMem>(size_t(rows_max) * 4);
+    b_pos = std::make_unique<DeviceMem>(size_t(rows_max) * 4);
+    b_xp = std::make_unique<DeviceMem>(size_t(rows_max) * H * 2);
+    b_g13 = std::make_unique<DeviceMem>(size_t(rows_max) * 2 * ms.intermediate * 2);
+    b_h = std::make_unique<DeviceMem>(size_t(rows_max) * ms.intermediate * 2);
+    b_y = std::make_unique<DeviceMem>(size_t(rows_max) * H * 4);
+  }
+
+  ops::RoutingSpec rs;
+  rs.scoring = spec.scoring;
+  rs.top_k = k;
+  rs.norm_topk_prob = spec.norm;
+  rs.routed_scaling_factor = spec.scaling;
+  rs.n_group = spec.n_group;
+  rs.topk_group = spec.topk_group;
+  if (spec.scoring == ops::Scoring::Sigmoid) rs.correction_bias = {bias.p, DType::F32, {E}, Device::Cuda};
+
+  for (const std::string& routing : opt.routings) {
+    for (int T : opt.tokens) {
+      const std::vector<float> hl = draw_logits(T, E, routing == "skewed", 11 + T);
+      TETRA_CUDA_CHECK(cudaMemcpy(logits.p, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
+      const TensorView v_logits{logits.p, DType::F32, {T, E}, Device::Cuda};
+      const TensorView v_ids{ids.p, DType::I32, {T, k}, Device::Cuda};
+      const TensorView v_w{weights.p, DType::F32, {T, k}, Device::Cuda};
+      const TensorView v_x{x.p, DType::BF16, {T, H}, Device::Cuda};
+      const TensorView v_out{out.p, DType::BF16, {T, H}, Device::Cuda};
+      ops::cuda::route(ctx, v_logits, rs, v_ids, v_w);
+      std::vector<int> hids(size_t(T) * k);
+      TETRA_CUDA_CHECK(cudaMemcpyAsync(hids.data(), ids.p, hids.size() * 4, cudaMemcpyDeviceToHost, stream));
+      TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+      Row r;
+      r.shape = spec.name;
+      r.routing = routing;
+      r.tokens = T;
+      r.distinct = int(std::set<int>(hids.begin(), hids.end()).size());
+      r.bytes = double(r.distinct + (ms.shared_expert ? 1 : 0)) * double(expert_bytes);
+      r.flops = 2.0 * T * kk * 3.0 * double(H) * double(ms.intermediate);
+      r.floor_us = std::max(r.bytes / kBytesPerSecond, r.flops / kBf16FlopsPerSecond) * 1e6;
+
+      auto time_fp4 = [&](ops::cuda::MoeConfig cfg) {
+        std::vector<std::unique_ptr<Graph>> graphs;
+        for (const auto& ex : fp4)
+          graphs.push_back(capture(stream, [&] {
+            ops::cuda::route(ctx, v_logits, rs, v_ids, v_w);
+            ops::cuda::moe_experts(ctx, v_x, v_ids, v_w, *ex, v_out, cfg);
+          }));
+        return time_graphs(stream, graphs, opt.iters);
+      };
+      ops::cuda::MoeConfig cfg = opt.tile_tokens ? ops::cuda::MoeConfig{opt.tile_tokens}
+                                                 : ops::cuda::pick_moe_config(ctx, *fp4[0], T, k);
+      r.config = cfg.str();
+      r.nvfp4 = time_fp4(cfg);
+      if (opt.sweep_tiles)
+        for (int tile : {8, 16, 32}) r.sweep.push_back({tile, time_fp4(ops::cuda::MoeConfig{tile})});
+
+      if (opt.baseline) {
+        const HostGrouping grouping = group_by_expert(hids, T, k, E, ms.shared_expert);
+        TETRA_CUDA_CHECK(cudaMemcpy(b_rows->p, grouping.row_token.data(), grouping.row_token.size() * 4,
+                                    cudaMemcpyHostToDevice));
+        TETRA_CUDA_CHECK(cudaMemcpy(b_pos->p, grouping.pos.data(), grouping.pos.size() * 4,
+                                    cudaMemcpyHostToDevice));
+        const Bf16LayerBuffers buf{b_rows->as<int>(), b_pos->as<int>(), b_xp->as<uint16_t>(),
+                                   b_g13->as<uint16_t>(), b_h->as<uint16_t>(), b_y->as<float>()};
+        std::vector<std::unique_ptr<Graph>> graphs;
+        for (const auto& ex : bf16)
+          graphs.push_back(capture(stream, [&] {
+            ops::cuda::route(ctx, v_logits, rs, v_ids, v_w);
+            bf16_layer_enqueue(cublas, stream, dynamic_cast<const ops::cuda::CudaMoeExperts&>(*ex),
+                               x.as<uint16_t>(), T, k, weights.as<float>(), grouping, buf,
+                               out.as<uint16_t>());
+          }));
+        r.bf16 = time_graphs(stream, graphs, opt.iters);
+      }
+      if (opt.json) {
+        json_rows.push_back(to_json(r));
+      } else {
+        print_row(r);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> moe_bench_shapes() {
+  std::vector<std::string> out;
+  for (const ShapeSpec& s : kShapes) out.push_back(s.name);
+  return out;
+}
+
+int run_moe_bench(const MoeBenchOptions& opt) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+    std::fprintf(stderr, "tetra bench moe: no CUDA device is visible\n");
+    return 1;
+  }
+  for (const std::string& s : opt.shapes) find_shape(s);
+  TETRA_CHECK(!opt.tokens.empty(), "no token counts to measure");
+  for (int t : opt.tokens) TETRA_CHECK(t >= 1 && t <= 65536, "token counts must be in 1..65536");
+  for (const std::string& r : opt.routings)
+    TETRA_CHECK(r == "uniform" || r == "skewed", "routing must be uniform or skewed, not '", r, "'");
+
+  cudaDeviceProp p{};
+  TETRA_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+  ops::DeviceProps props{p.name, p.multiProcessorCount, p.l2CacheSize,
+                         int64_t(p.sharedMemPerBlockOptin), p.major, p.minor};
+  cudaStream_t stream;
+  TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasHandle_t cublas;
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialized");
+  cublasSetStream(cublas, stream);
+  DeviceMem cublas_ws(64 << 20);  // a fixed workspace keeps cuBLAS from allocating mid-capture
+  cublasSetWorkspace(cublas, cublas_ws.p, 64 << 20);
+
+  ops::Context ctx;
+  ctx.stream = stream;
+  ctx.props = &props;
+  nlohmann::json rows = nlohmann::json::array();
+  if (!opt.json) {
+    std::printf("tetra bench moe on %s (%d SMs): whole layer from router logits, CUDA graph replays, "
+                "median of %d; floor = max(expert bytes / %.2f TB/s, FLOPs / %.0f TFLOP/s)\n",
+                props.name.c_str(), props.sm_count, opt.iters, kBytesPerSecond / 1e12,
+                kBf16FlopsPerSecond / 1e12);
+    print_header();
+  }
+  int rc = 0;
+  try {
+    for (const std::string& s : opt.shapes) bench_shape(find_shape(s), opt, ctx, cublas, stream, rows);
+  } catch (...) {
+    cublasDestroy(cublas);
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  cublasDestroy(cublas);
+  cudaStreamDestroy(stream);
+  if (opt.json) std::printf("%s\n", nlohmann::json{{"bench", "moe"}, {"device", props.name}, {"rows", rows}}.dump(1).c_str());
+  return rc;
+}
+
+}  // namespace tetra::bench
