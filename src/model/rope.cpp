@@ -24,19 +24,20 @@ RopeFrequencies rope_frequencies(const RopeConfig& rope) {
     return out;
   }
   const double factor = rope.yarn_factor;
-  if (rope.yarn_mscale != 0 && rope.yarn_mscale_all_dim != 0)
-    out.attention_scaling = float(yarn_mscale(factor, rope.yarn_mscale) /
-                                  yarn_mscale(factor, rope.yarn_mscale_all_dim));
-  else
-    out.attention_scaling = float(yarn_mscale(factor, 1.0));
+  out.attention_scaling = float(rope.yarn_attention_factor);  // resolved by the config loader
   // The band of dimensions between beta_fast and beta_slow rotations blends interpolated
   // and extrapolated frequencies linearly.
   const double max_pos = rope.yarn_original_max_position;
   auto correction_dim = [&](double rotations) {
     return dim * std::log(max_pos / (rotations * 2 * std::numbers::pi)) / (2 * std::log(rope.theta));
   };
-  double low = std::max(0.0, std::floor(correction_dim(rope.yarn_beta_fast)));
-  double high = std::min(double(dim - 1), std::ceil(correction_dim(rope.yarn_beta_slow)));
+  double low = correction_dim(rope.yarn_beta_fast), high = correction_dim(rope.yarn_beta_slow);
+  if (rope.yarn_truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(0.0, low);
+  high = std::min(double(dim - 1), high);
   if (low == high) high += 0.001;
   for (int i = 0; i < half; ++i) {
     const float ramp = std::clamp(float((float(i) - low) / (high - low)), 0.0f, 1.0f);

@@ -1,0 +1,114 @@
+// The serving engine: continuous batching of many requests over one model and a paged KV
+// cache. Server threads submit and abort; one engine thread runs the step loop:
+// schedule (pick decodes and prefill chunks, allocate blocks, preempt if needed) -> run
+// (one Model::forward over the ragged batch) -> post-process (sample, stream, finish).
+//
+// Backend-agnostic: it deals in token ids and block ids and calls ops::Backend and
+// model::Model only, so the CPU reference and the CUDA backend serve the same way.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/sampler.h"
+
+namespace tetra::runtime {
+
+struct EngineConfig {
+  int block_size = 16;                    // tokens per KV block
+  int64_t kv_blocks = 0;                  // 0: sized from kv_memory_bytes
+  int64_t kv_memory_bytes = 256ll << 20;  // CPU budget for the KV cache (GPU: --mem-fraction-static)
+  int max_running_requests = 64;          // --max-running-requests
+  int max_queued_requests = 1024;         // --max-queued-requests; beyond it submit() refuses
+  int64_t chunked_prefill_size = 512;     // --chunked-prefill-size: prompt tokens per step at most
+  int num_continuous_decode_steps = 1;    // --num-continuous-decode-steps
+  bool enable_prefix_caching = true;
+  int64_t max_context = 0;                // 0: the model's max_position_embeddings
+};
+
+struct RequestParams {
+  std::vector<int32_t> prompt;            // token ids, each in [0, vocab)
+  int64_t max_new_tokens = 16;
+  SamplingParams sampling;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+  int top_logprobs = 0;                   // alternatives reported per generated token (0..20)
+};
+
+enum class FinishReason : uint8_t { None, Stop, Length, Abort, Error };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+
+struct TokenOutput {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;  // best first
+};
+
+// What the engine reports for a request after a step: the tokens it produced and, once,
+// how it finished. Delivered on the engine thread; callbacks must not block.
+struct RequestOutput {
+  uint64_t request_id = 0;
+  std::vector<TokenOutput> tokens;
+  FinishReason finish = FinishReason::None;
+  std::string error;                      // with FinishReason::Error
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;       // served from the prefix cache
+  int64_t completion_tokens = 0;
+};
+
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+// Why a request was refused at submission; the message is one sentence for the client.
+enum class SubmitError : uint8_t { None, QueueFull, TooLong, Invalid, ShuttingDown };
+
+struct SubmitResult {
+  uint64_t request_id = 0;
+  SubmitError error = SubmitError::None;
+  std::string message;
+};
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_free = 0;
+  int64_t prefix_cache_hit_tokens = 0, prefix_cache_queried_tokens = 0;
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0;  // totals since start
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  Engine(model::Model& model, ops::Backend& backend, EngineConfig config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Thread-safe. Validates and queues; never blocks on the engine thread.
+  SubmitResult submit(RequestParams params, OutputCallback on_output);
+  // Thread-safe. Finishes the request with FinishReason::Abort and frees its blocks before
+  // the next step.
+  void abort(uint64_t request_id);
+
+  // Runs the step loop on the calling thread until stop(); or one step for tests.
+  void run();
+  bool step();  // false when there was nothing to do
+  // Thread-safe. stop_accepting() makes submit() refuse (ShuttingDown); stop() ends run().
+  void stop_accepting();
+  void stop();
+  // Aborts every running and waiting request (drain timeout reached).
+  void abort_all();
+
+  EngineStats stats() const;  // thread-safe snapshot
+  const EngineConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tetra::runtime
