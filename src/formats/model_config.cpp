@@ -274,6 +274,12 @@ void parse_attention(const JsonFields& r, const FamilyDefaults& f, ModelConfig& 
                      ? r.maybe_integer("num_key_value_heads").value_or(c.n_heads)
                      : f.n_kv_heads;
   c.attention_bias = f.family != ModelFamily::Mixtral && r.boolean("attention_bias", false);
+  // MixtralAttention masks keys beyond sliding_window when it is set (null in the published
+  // configs); Qwen3's variant is refused in parse_model_config.
+  if (f.family == ModelFamily::Mixtral) {
+    c.sliding_window = r.maybe_integer("sliding_window").value_or(0);
+    if (r.has("sliding_window")) r.check_range("sliding_window", c.sliding_window, 1, kMaxPositions);
+  }
   if (f.mla) {
     // MLA: every head has its own K and V from the latent, so kv heads == heads.
     c.n_kv_heads = c.n_heads;
@@ -528,7 +534,9 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
 
 ModelConfig load_model_config(const std::filesystem::path& dir) {
   std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) fail("model folder ", dir.string(), " does not exist.");
+  if (!std::filesystem::exists(dir, ec)) fail("model folder ", dir.string(), " does not exist.");
+  if (!std::filesystem::is_directory(dir, ec))
+    fail(dir.string(), " is not a folder; pass the model folder that holds config.json.");
   std::filesystem::path path = dir / "config.json";
   if (!std::filesystem::is_regular_file(path, ec))
     fail("model folder ", dir.string(), " has no config.json.");

@@ -58,6 +58,7 @@ struct ModelConfig {
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;             // q/k/v head size of GQA; MLA: qk_rope_head_dim
   bool attention_bias = false;      // q/k/v projections carry biases
+  int64_t sliding_window = 0;       // Mixtral: each query sees the last N keys; 0: all keys
   bool qk_norm = false;             // RMSNorm on each q and k head (qwen3_moe; glm4_moe use_qk_norm)
   RopeConfig rope;
 

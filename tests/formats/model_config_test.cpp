@@ -117,6 +117,12 @@ TEST(ModelConfig, Mixtral) {
   EXPECT_FALSE(c.qk_norm);
   EXPECT_EQ(count_moe(c), 32);
   EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.sliding_window, 0);
+  json windowed = mixtral_8x7b();
+  windowed["sliding_window"] = 4096;
+  EXPECT_EQ(parse(windowed).sliding_window, 4096);
+  windowed["sliding_window"] = nullptr;
+  EXPECT_EQ(parse(windowed).sliding_window, 0);
   json alias = mixtral_8x7b();
   alias.erase("num_local_experts");
   alias["num_experts"] = 8;

@@ -212,6 +212,14 @@ TEST_F(ModelConfigLoad, ReadsConfigJson) {
 
 TEST_F(ModelConfigLoad, MissingFolderOrFileNamesTheFolder) {
   EXPECT_EQ(load_error(), "model folder " + dir_.string() + " has no config.json.");
+  write("{}");
+  std::filesystem::path file = dir_ / "config.json";
+  try {
+    load_model_config(file);
+    ADD_FAILURE() << "a file is not a model folder";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), file.string() + " is not a folder; pass the model folder that holds config.json.");
+  }
   std::filesystem::remove_all(dir_);
   EXPECT_EQ(load_error(), "model folder " + dir_.string() + " does not exist.");
 }

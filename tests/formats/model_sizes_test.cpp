@@ -45,21 +45,26 @@ TEST(ModelSizes, PublishedModels) {
   // GLM-4.5's card (355B-A32B) likely counts its MTP layer (~3.9B with a full MoE block); we
   // get 352.8B / 33.6B. GLM-4.7-Flash's "A3B" is a rounded name: 3.90B active, 3.58B without
   // the input embedding, so only its total is compared.
+  // `exact` is what transformers 5.17 counts for the same config.json (parameters plus the
+  // e_score_correction_bias buffers, model built on the meta device; tools/model_config_ref.py).
   struct Case {
     const char* name;
     json config;
     double total, active, tolerance;  // published, in parameters; 0: not compared
+    int64_t exact;
   };
   const Case cases[] = {
-      {"DeepSeek-V3 671B-A37B", deepseek_v3(), 671e9, 37e9, 0.02},   // 671.03B / 37.55B
-      {"Qwen3-30B-A3B", qwen3_30b(), 30.5e9, 3.3e9, 0.02},           // 30.53B / 3.35B
-      {"Mixtral 8x7B", mixtral_8x7b(), 46.7e9, 12.9e9, 0.01},        // 46.70B / 12.88B
-      {"GLM-4.5 355B-A32B", glm45(), 355e9, 32e9, 0.06},             // 352.80B / 33.63B
-      {"GLM-4.7-Flash 30B-A3B", glm47_flash(), 30e9, 0, 0.01},       // 29.94B / 3.90B
+      {"DeepSeek-V3 671B-A37B", deepseek_v3(), 671e9, 37e9, 0.02, 671026419200},  // active 37.55B
+      {"Qwen3-30B-A3B", qwen3_30b(), 30.5e9, 3.3e9, 0.02, 30532122624},           // active 3.35B
+      {"Mixtral 8x7B", mixtral_8x7b(), 46.7e9, 12.9e9, 0.01, 46702792704},        // active 12.88B
+      {"GLM-4.5 355B-A32B", glm45(), 355e9, 32e9, 0.06, 352797829024},            // active 33.63B
+      {"GLM-4.7-Flash 30B-A3B", glm47_flash(), 30e9, 0, 0.01, 29943393920},       // active 3.90B
+      {"GLM-5 744B-A40B", glm5(), 744e9, 40e9, 0.05, 743911218432},               // active 41.78B
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     ModelSizes s = model_sizes(parse(c.config));
+    EXPECT_EQ(s.params_total, c.exact);
     EXPECT_NEAR(s.params_total / c.total, 1.0, c.tolerance) << s.params_total;
     if (c.active > 0) {
       EXPECT_NEAR(s.params_active / c.active, 1.0, c.tolerance) << s.params_active;
