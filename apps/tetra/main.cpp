@@ -12,6 +12,7 @@ namespace tetra::cli {
 int cmd_bench(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
+int cmd_quantize(int argc, char** argv);
 }  // namespace tetra::cli
 
 namespace {
@@ -22,6 +23,7 @@ const Command kCommands[] = {
     {"inspect", "describe a model folder: architecture, sizes, tensors", tetra::cli::cmd_inspect},
     {"generate", "generate tokens from a prompt", tetra::cli::cmd_generate},
     {"bench", "benchmarks: tetra bench moe (kernels on the GPU)", tetra::cli::cmd_bench},
+    {"quantize", "quantize a BF16 checkpoint to NVFP4 (ModelOpt format)", tetra::cli::cmd_quantize},
 };
 
 void print_usage(FILE* out) {
