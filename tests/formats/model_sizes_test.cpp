@@ -1,12 +1,19 @@
-// model_sizes against published parameter counts and hand-computed KV bytes.
+// model_sizes against published parameter counts, hand-computed KV bytes and the tiny
+// checkpoints transformers 5.17 wrote (tests/fixtures): there the count must be exact.
 #include "formats/model_config.h"
 
+#include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "formats/safetensors.h"
 #include "model_config_fixtures.h"
 
 namespace tetra {
@@ -114,6 +121,49 @@ TEST(ModelSizes, LargestBoundsFitInt64) {
   EXPECT_GT(s.params_total, int64_t{864} * 1000 * 1000 * 1000 * 1000 * 1000);  // 8.6e17 of experts
   EXPECT_EQ(s.params_active, s.params_total);
   EXPECT_EQ(s.kv_bytes_per_token, int64_t{1024} * 2 * 1024 * 1024 * 2);
+}
+
+// Each fixture's model.safetensors holds every parameter transformers built (and the F32
+// e_score_correction_bias buffers, which model_sizes counts as router weights); its
+// expected.json records what the loaded modules hold, which the parsed config must predict.
+TEST(ModelSizes, FixtureCheckpointsMatchExactly) {
+  const std::filesystem::path root = std::filesystem::path(TETRA_SOURCE_DIR) / "tests" / "fixtures";
+  int n_fixtures = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+    if (!std::filesystem::exists(entry.path() / "config.json")) continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    ++n_fixtures;
+    ModelConfig c = load_model_config(entry.path());
+    std::unique_ptr<SafetensorsFile> file = SafetensorsFile::open(entry.path() / "model.safetensors");
+    int64_t stored = 0;
+    for (const TensorInfo& t : file->header().tensors) stored += t.shape.numel();
+    EXPECT_EQ(model_sizes(c).params_total, stored);
+
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const std::string layer = "model.layers." + std::to_string(l) + ".";
+      bool router = file->find(layer + "mlp.gate.weight") || file->find(layer + "block_sparse_moe.gate.weight");
+      EXPECT_EQ(router, c.layer_is_moe[l]) << "layer " << l;
+      if (c.family == ModelFamily::GlmMoeDsa) {
+        EXPECT_EQ(file->find(layer + "self_attn.indexer.wk.weight") != nullptr, c.layer_has_indexer[l]);
+      }
+    }
+    EXPECT_EQ(file->find("lm_head.weight") == nullptr, c.tie_word_embeddings);
+
+    json facts = json::parse(std::ifstream(entry.path() / "expected.json"))["module_facts"];
+    EXPECT_EQ(static_cast<int64_t>(facts["rotary_emb.inv_freq"].size()), c.rope.rotary_dim / 2);
+    EXPECT_NEAR(facts["rotary_emb.attention_scaling"].get<double>(), c.rope.yarn_attention_factor, 1e-12);
+    EXPECT_DOUBLE_EQ(facts["model.norm.variance_epsilon"].get<double>(), c.rms_norm_eps);
+    // The softmax scale a kernel must use: head_dim^-0.5, and for MLA with YaRN DeepSeek's
+    // mscale(factor, mscale_all_dim)^2 on top.
+    double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));
+    if (c.is_mla() && c.rope.yarn_factor > 1 && c.rope.yarn_mscale_all_dim != 0) {
+      double m = 0.1 * c.rope.yarn_mscale_all_dim * std::log(c.rope.yarn_factor) + 1.0;
+      scale *= m * m;
+    }
+    EXPECT_NEAR(facts["layer0.self_attn.scaling"].get<double>(), scale, 1e-12);
+    EXPECT_EQ(facts["layer0.self_attn.num_key_value_groups"].get<int64_t>(), c.n_heads / c.n_kv_heads);
+  }
+  EXPECT_GE(n_fixtures, 6);
 }
 
 }  // namespace
