@@ -202,6 +202,8 @@ void run_case(const MoeCase& c) {
   }
 }
 
+void PrintTo(const MoeCase& c, std::ostream* os) { *os << c.name; }
+
 class MoeCudaTest : public testing::TestWithParam<MoeCase> {};
 
 TEST_P(MoeCudaTest, MatchesDequantizedReference) {
@@ -235,6 +237,8 @@ struct RouteCase {
   bool norm;
   float scaling;
 };
+
+void PrintTo(const RouteCase& c, std::ostream* os) { *os << c.name; }
 
 class MoeRouteTest : public testing::TestWithParam<RouteCase> {};
 
