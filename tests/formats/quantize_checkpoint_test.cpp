@@ -368,6 +368,32 @@ TEST(QuantizeCheckpoint, AFailedRunLeavesNothingThatLooksComplete) {
   EXPECT_THROW(quantize_checkpoint(opt), Error);
 }
 
+TEST(QuantizeCheckpoint, EveryFixtureMatchesTheReference) {
+  const std::string py = python_with_numpy();
+  if (py.empty()) GTEST_SKIP() << "python3 with numpy is not installed";
+  const fs::path fixtures = fs::path(TETRA_SOURCE_DIR) / "tests" / "fixtures";
+  int n_fixtures = 0, n_tensors = 0;
+  for (const auto& entry : fs::directory_iterator(fixtures)) {
+    if (!fs::exists(entry.path() / "model.safetensors")) continue;
+    if (fs::exists(entry.path() / "hf_quant_config.json")) continue;  // already NVFP4
+    SCOPED_TRACE(entry.path().filename().string());
+    Dir dir;
+    QuantizeOptions opt;
+    opt.src = entry.path();
+    opt.dst = dir.path / "tetra";
+    const QuantizeSummary sum = quantize_checkpoint(opt);
+    EXPECT_GT(sum.n_quantized, 0);
+    run_reference(py, opt.src, dir.path / "ref");
+    n_tensors += compare_checkpoints(opt.dst, dir.path / "ref");
+    EXPECT_EQ(read_json(opt.dst / "hf_quant_config.json"),
+              read_json(dir.path / "ref" / "hf_quant_config.json"));
+    EXPECT_EQ(read_json(opt.dst / "config.json"), read_json(dir.path / "ref" / "config.json"));
+    ++n_fixtures;
+  }
+  if (n_fixtures == 0) GTEST_SKIP() << "no BF16 fixtures under " << fixtures.string();
+  std::printf("%d fixtures, %d tensors identical to the reference\n", n_fixtures, n_tensors);
+}
+
 TEST(QuantizeCheckpoint, ExclusionSummaryFollowsModelOpt) {
   const std::vector<std::string> quantized = {"model.layers.0.mlp.experts.0.up_proj",
                                               "model.layers.1.mlp.down_proj", "model.layers.10.x"};
