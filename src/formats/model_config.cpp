@@ -5,9 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
-#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -125,28 +123,38 @@ RopeConfig parse_rope(const JsonFields& r, const FamilyDefaults& f, const ModelC
   if (!(rope.theta > 1.0 && std::isfinite(rope.theta)))
     theta_from.fail_field("rope_theta", str_cat("is ", rope.theta, "; it must be a finite number above 1"));
 
+  const JsonFields& partial_from = d.has("partial_rotary_factor") ? d : r;
   double partial = d.maybe_number("partial_rotary_factor")
                        .value_or(r.number("partial_rotary_factor", f.partial_rotary_factor));
   if (!(partial > 0.0 && partial <= 1.0))
-    r.fail_field("partial_rotary_factor", str_cat("is ", partial, "; it must be in (0, 1]"));
+    partial_from.fail_field("partial_rotary_factor", str_cat("is ", partial, "; it must be in (0, 1]"));
   // int(head_dim * factor), as transformers computes the rotary dim.
   rope.rotary_dim = static_cast<int>(static_cast<double>(c.head_dim) * partial);
   if (rope.rotary_dim <= 0 || rope.rotary_dim % 2 != 0 || rope.rotary_dim > c.head_dim)
-    r.fail_field("partial_rotary_factor",
-                 str_cat("gives a rotary dim of ", rope.rotary_dim, " for head dim ", c.head_dim,
-                         "; it must be even, positive and at most the head dim"));
+    partial_from.fail_field("partial_rotary_factor",
+                            str_cat("gives a rotary dim of ", rope.rotary_dim, " for head dim ", c.head_dim,
+                                    "; it must be even, positive and at most the head dim"));
 
-  if (f.mla) rope.interleaved = r.boolean("rope_interleave", true);
+  if (f.family == ModelFamily::GlmMoeDsa) {
+    // GlmMoeDsaAttention interleaves unconditionally and never reads the flag (transformers
+    // 5.17); a config asking otherwise cannot be matched, so it is refused.
+    if (!r.boolean("rope_interleave", true))
+      r.fail_field("rope_interleave", "is false, but glm_moe_dsa always uses interleaved RoPE");
+    rope.interleaved = true;
+  } else if (f.mla) {
+    rope.interleaved = r.boolean("rope_interleave", true);
+  }
 
   if (type == "default") return rope;
   if (type != "yarn")
     d.fail_field("rope_type", str_cat("is \"", type, "\"; tetra supports \"default\" and \"yarn\""));
-  // YaRN fields, with transformers' fallbacks (_compute_yarn_parameters).
+  // YaRN fields, with transformers' fallbacks (standardize_rope_params, then
+  // _compute_yarn_parameters). A top-level original_max_position_embeddings overrides the dict's.
+  const JsonFields& original_from = r.has("original_max_position_embeddings") ? r : d;
   rope.yarn_original_max_position = static_cast<double>(
-      d.maybe_integer("original_max_position_embeddings")
-          .value_or(r.integer("original_max_position_embeddings", c.max_position_embeddings)));
+      original_from.maybe_integer("original_max_position_embeddings").value_or(c.max_position_embeddings));
   if (rope.yarn_original_max_position < 1)
-    d.fail_field("original_max_position_embeddings", "must be positive");
+    original_from.fail_field("original_max_position_embeddings", "must be positive");
   rope.yarn_factor = d.maybe_number("factor").value_or(
       static_cast<double>(c.max_position_embeddings) / rope.yarn_original_max_position);
   if (!(rope.yarn_factor >= 1.0 && rope.yarn_factor <= 1024.0))
@@ -513,7 +521,10 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
     // The indexer rotates its first qk_rope_head_dim dims and passes the rest.
     r.check_range("index_head_dim", c.index_head_dim, c.qk_rope_head_dim, kMaxHeadDim);
     r.check_range("index_topk", c.index_topk, 1, kMaxPositions);
-    c.indexer_rope_interleaved = r.boolean("indexer_rope_interleave", true);
+    // GlmMoeDsaIndexer interleaves unconditionally, as the attention does.
+    if (!r.boolean("indexer_rope_interleave", true))
+      r.fail_field("indexer_rope_interleave", "is false, but glm_moe_dsa's indexer always uses interleaved RoPE");
+    c.indexer_rope_interleaved = true;
     c.layer_has_indexer = parse_layer_has_indexer(r, c.n_layers);
   }
 

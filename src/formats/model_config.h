@@ -27,7 +27,8 @@ enum class RouterScoring : uint8_t { Softmax, Sigmoid };
 struct RopeConfig {
   double theta = 10000.0;
   int rotary_dim = 0;         // dims of each head that rotate (partial RoPE: < head_dim)
-  bool interleaved = false;   // GPT-J pairs (DeepSeek/GLM MLA with rope_interleave)
+  bool interleaved = false;   // GPT-J pairs: MLA families' rope_interleave (default true;
+                              // glm_moe_dsa always, as transformers hard-codes it)
   // YaRN (rope_type "yarn"); factor == 1 means none.
   double yarn_factor = 1.0;
   double yarn_original_max_position = 0;
@@ -73,7 +74,9 @@ struct ModelConfig {
   int64_t index_n_heads = 0;
   int64_t index_head_dim = 0;         // the first qk_rope_head_dim dims rotate, the rest pass
   int64_t index_topk = 0;
-  bool indexer_rope_interleaved = false;  // indexer_rope_interleave (GLM-5: GPT-J pairs)
+  // GPT-J pairs in the indexer's RoPE. transformers hard-codes it for glm_moe_dsa, so it is
+  // always true there and a config with indexer_rope_interleave false is refused.
+  bool indexer_rope_interleaved = false;
   // One entry per layer for glm_moe_dsa, empty otherwise: the layer runs its own indexer
   // ("full") or reuses the top-k of the previous full layer ("shared", GLM-5.2 indexer_types);
   // shared layers have no indexer weights and no indexer key cache.

@@ -125,6 +125,23 @@ TEST(ModelConfigValidation, RopeAndHeadDim) {
   j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 0.5}};
   EXPECT_ERROR(j, "\"rope_scaling.factor\" is 0.5; it must be between 1 and 1024");
   j = glm5();
+  j["rope_parameters"]["partial_rotary_factor"] = 0;
+  EXPECT_ERROR(j, "\"rope_parameters.partial_rotary_factor\" is 0; it must be in (0, 1]");
+  j = glm5();
+  j["rope_interleave"] = false;
+  EXPECT_ERROR(j, "\"rope_interleave\" is false, but glm_moe_dsa always uses interleaved RoPE");
+  j = glm5();
+  j["indexer_rope_interleave"] = false;
+  EXPECT_ERROR(j, "\"indexer_rope_interleave\" is false");
+  j = deepseek_v3();  // DeepSeek honours the flag: half-split RoPE
+  j["rope_interleave"] = false;
+  EXPECT_FALSE(parse(j).rope.interleaved);
+  j = deepseek_v3();  // a top-level original_max_position_embeddings overrides the dict's
+  j["original_max_position_embeddings"] = 8192;
+  EXPECT_DOUBLE_EQ(parse(j).rope.yarn_original_max_position, 8192);
+  j["original_max_position_embeddings"] = 0;
+  EXPECT_ERROR(j, "config.json: \"original_max_position_embeddings\" must be positive.");
+  j = glm5();
   j["rope_parameters"]["rope_theta"] = -1;
   EXPECT_ERROR(j, "\"rope_parameters.rope_theta\" is -1; it must be a finite number above 1");
   j = glm5();
