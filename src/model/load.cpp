@@ -1,6 +1,7 @@
 // load_model: reads the config, opens the checkpoint and hands both to the family's loader.
 #include "formats/safetensors.h"
 #include "model/gqa_moe.h"
+#include "model/mla_moe.h"
 #include "model/model.h"
 
 namespace tetra::model {
@@ -17,8 +18,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, ops::Backend
     case ModelFamily::DeepseekV3:
     case ModelFamily::Glm4MoeLite:
     case ModelFamily::GlmMoeDsa:
-      fail(dir.string(), ": model_type ", config.model_type,
-           " (MLA attention) is not implemented by this build yet");
+      return load_mla_moe(std::move(config), std::move(checkpoint), backend, options);
   }
   fail(dir.string(), ": unknown model family");
 }

@@ -13,11 +13,13 @@
 
 namespace tetra::model {
 
-// What one layer stores per cached token: KV heads x (key width, value width).
+// What one layer stores per cached token: KV heads x (key width, value width), plus the
+// DSA indexer's key. MLA layers store one "head": the latent and rope key as k, no v.
 struct KvLayerShape {
   int64_t n_kv_heads = 0;
   int64_t k_dim = 0;
   int64_t v_dim = 0;
+  int64_t index_dim = 0;
 };
 
 // The inputs of one step, already on the backend's device.

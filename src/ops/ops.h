@@ -99,9 +99,13 @@ struct AttentionBatch {
   TensorView block_tables;      // I32 [S, max_blocks_per_seq]: the KV blocks of each sequence
 };
 
-// One layer of a paged KV cache: [n_blocks, block_size, n_kv_heads, head_dim].
+// One layer of a paged KV cache, each tensor [n_blocks, block_size, n_kv_heads, dim].
+// GQA: k and v per KV head. MLA: k holds each token's compressed latent and its rope key
+// ([.., 1, kv_lora_rank + qk_rope_head_dim]), v is empty, and index_k holds the DSA
+// indexer's key ([.., 1, index_head_dim]) where the layer has an indexer.
 struct KvCacheLayer {
   TensorView k, v;
+  TensorView index_k;
 };
 
 struct RopeSpec {
@@ -157,10 +161,37 @@ class Backend {
   // Writes k [T, n_kv_heads, d_k] and v [T, n_kv_heads, d_v] to their slots of the cache.
   virtual void kv_write(const Context& ctx, TensorView k, TensorView v, const AttentionBatch& batch,
                         const KvCacheLayer& cache) = 0;
+  // Writes rows [T, ...] to their slots of one cache tensor [n_blocks, block_size, ...].
+  virtual void cache_write(const Context& ctx, TensorView rows, const AttentionBatch& batch,
+                           TensorView cache) = 0;
   // Causal attention of q [T, n_heads, d_k] over the cached keys of each token's sequence up
   // to its own position; heads share KV heads in groups (GQA). out [T, n_heads, d_v].
   virtual void attention(const Context& ctx, TensorView q, const KvCacheLayer& cache,
                          const AttentionBatch& batch, float scale, TensorView out) = 0;
+  // MLA attention in the latent space (weights absorbed): for each token t and head h,
+  //   score_j = scale * (q_latent[t,h] . c_j + q_rope[t,h] . r_j)
+  // over the cached latents c_j and rope keys r_j of t's sequence up to t's position (only
+  // the positions in `selected` [T, k] (I32, -1 = unused) when given: the DSA top-k), and
+  // out[t,h] = sum_j softmax(score)_j c_j. q_latent/out [T, H, kv_lora_rank], q_rope [T, H, d_rope].
+  virtual void mla_attention(const Context& ctx, TensorView q_latent, TensorView q_rope,
+                             const KvCacheLayer& cache, const AttentionBatch& batch, float scale,
+                             TensorView selected, TensorView out) = 0;
+  // The DSA indexer's choice of keys: for token t, over the cached index keys k_j of its
+  // sequence up to its position,
+  //   score_j = sum_h weights[t,h] * weight_scale * relu(q_scale * q[t,h] . k_j),
+  // and `selected` [T, top_k] (I32) gets the positions of the top_k best, -1 past the keys there are.
+  virtual void dsa_select(const Context& ctx, TensorView q, TensorView weights,
+                          const KvCacheLayer& cache, const AttentionBatch& batch, float q_scale,
+                          float weight_scale, TensorView selected) = 0;
+  // Per head h of x [T, H, n]: a block of rows of W [H * head_stride, k] starting at
+  // h * head_stride + row0, n_rows long: out[t,h] = rows @ x[t,h] (x width k, out width n_rows)
+  // or, transposed, rows^T @ x[t,h] (x width n_rows, out width k). MLA absorbs kv_b_proj so.
+  virtual void head_linear(const Context& ctx, TensorView x, const LinearWeight& w,
+                           int64_t head_stride, int64_t row0, int64_t n_rows, bool transposed,
+                           TensorView out) = 0;
+  // dst[:, dst_col0 : dst_col0 + n] = src[:, src_col0 : src_col0 + n]; both 2-D with equal rows.
+  virtual void copy_columns(const Context& ctx, TensorView src, int64_t src_col0, TensorView dst,
+                            int64_t dst_col0, int64_t n) = 0;
   // out = silu(gate) * up, all [T, I].
   virtual void silu_mul(const Context& ctx, TensorView gate, TensorView up, TensorView out) = 0;
   // out = a + b (same shapes; out may alias a).

@@ -5,7 +5,7 @@ namespace tetra::runtime {
 int64_t kv_bytes_per_block(const std::vector<model::KvLayerShape>& layout, int block_size,
                            DType dtype) {
   int64_t elems = 0;
-  for (const auto& l : layout) elems += l.n_kv_heads * (l.k_dim + l.v_dim);
+  for (const auto& l : layout) elems += l.n_kv_heads * (l.k_dim + l.v_dim) + l.index_dim;
   return elems * block_size * dtype_bits(dtype) / 8;
 }
 
@@ -17,9 +17,15 @@ KvCache::KvCache(ops::Backend& backend, const std::vector<model::KvLayerShape>& 
   for (const auto& l : layout) {
     auto k = backend.alloc(dt, {n_blocks, block_size, l.n_kv_heads, l.k_dim});
     auto v = backend.alloc(dt, {n_blocks, block_size, l.n_kv_heads, l.v_dim});
-    layers_.push_back({k->view(), v->view()});
+    ops::KvCacheLayer layer{k->view(), v->view(), {}};
     storage_.push_back(std::move(k));
     storage_.push_back(std::move(v));
+    if (l.index_dim > 0) {
+      auto index_k = backend.alloc(dt, {n_blocks, block_size, 1, l.index_dim});
+      layer.index_k = index_k->view();
+      storage_.push_back(std::move(index_k));
+    }
+    layers_.push_back(layer);
   }
 }
 

@@ -37,7 +37,9 @@ TEST_P(Parity, GreedyTokensAndLogprobsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Families, Parity,
                          ::testing::Values("qwen3_moe-tiny", "qwen3_moe-nonorm", "glm4_moe-tiny",
-                                           "mixtral-tiny"),
+                                           "mixtral-tiny", "deepseek_v3-tiny",
+                                           "deepseek_v3-noqlora", "glm4_moe_lite-tiny",
+                                           "glm_moe_dsa-tiny"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';

@@ -129,6 +129,34 @@ class CpuBackend : public Backend {
     cpu::attention(ctx.pool, q, cache, batch, scale, out);
   }
 
+  void cache_write(const Context&, TensorView rows, const AttentionBatch& batch,
+                   TensorView cache) override {
+    cpu::cache_write(rows, batch, cache);
+  }
+  void mla_attention(const Context& ctx, TensorView q_latent, TensorView q_rope,
+                     const KvCacheLayer& cache, const AttentionBatch& batch, float scale,
+                     TensorView selected, TensorView out) override {
+    cpu::mla_attention(ctx.pool, q_latent, q_rope, cache, batch, scale, selected, out);
+  }
+  void dsa_select(const Context&, TensorView q, TensorView weights, const KvCacheLayer& cache,
+                  const AttentionBatch& batch, float q_scale, float weight_scale,
+                  TensorView selected) override {
+    cpu::dsa_select(q, weights, cache, batch, q_scale, weight_scale, selected);
+  }
+  void head_linear(const Context& ctx, TensorView x, const LinearWeight& w, int64_t head_stride,
+                   int64_t row0, int64_t n_rows, bool transposed, TensorView out) override {
+    cpu::head_linear(ctx.pool, x, w, head_stride, row0, n_rows, transposed, out);
+  }
+  void copy_columns(const Context&, TensorView src, int64_t src_col0, TensorView dst,
+                    int64_t dst_col0, int64_t n) override {
+    const int64_t rows = src.dim(0), sw = src.numel() / rows, dw = dst.numel() / dst.dim(0);
+    TETRA_CHECK(dst.dim(0) == rows && src_col0 + n <= sw && dst_col0 + n <= dw,
+                "copy_columns: columns out of range");
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst.as<float>() + r * dw + dst_col0, src.as<const float>() + r * sw + src_col0,
+                  size_t(n) * sizeof(float));
+  }
+
   void silu_mul(const Context&, TensorView gate, TensorView up, TensorView out) override {
     const int64_t n = gate.numel();
     const float *g = gate.as<float>(), *u = up.as<float>();

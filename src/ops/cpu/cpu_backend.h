@@ -22,6 +22,14 @@ void kv_write(TensorView k, TensorView v, const AttentionBatch& batch, const KvC
 void attention(ThreadPool* pool, TensorView q, const KvCacheLayer& cache, const AttentionBatch& batch,
                float scale, TensorView out);
 
+void cache_write(TensorView rows, const AttentionBatch& batch, TensorView cache);
+void mla_attention(ThreadPool* pool, TensorView q_latent, TensorView q_rope, const KvCacheLayer& cache,
+                   const AttentionBatch& batch, float scale, TensorView selected, TensorView out);
+void dsa_select(TensorView q, TensorView weights, const KvCacheLayer& cache, const AttentionBatch& batch,
+                float q_scale, float weight_scale, TensorView selected);
+void head_linear(ThreadPool* pool, TensorView x, const LinearWeight& w, int64_t head_stride,
+                 int64_t row0, int64_t n_rows, bool transposed, TensorView out);
+
 void route(TensorView logits, const RoutingSpec& spec, TensorView ids, TensorView weights);
 
 class CpuExperts : public MoeExperts {

@@ -42,8 +42,8 @@ void route(TensorView logits, const RoutingSpec& spec, TensorView ids, TensorVie
             (spec.correction_bias.empty() ? 0.0f : spec.correction_bias.as<const float>()[e]);
       }
       if (spec.n_group > 1) {
-        // A group's score is the sum of its two best biased scores; groups outside the best
-        // topk_group are masked with 0.0, as transformers does.
+        // A group's score is the sum of its two best biased scores; experts of the groups
+        // outside the best topk_group are masked with -inf, as transformers 5 does.
         const int64_t per_group = n_experts / spec.n_group;
         std::vector<float> group_score(static_cast<size_t>(spec.n_group));
         for (int g = 0; g < spec.n_group; ++g) {
@@ -57,7 +57,7 @@ void route(TensorView logits, const RoutingSpec& spec, TensorView ids, TensorVie
         std::vector<bool> kept(size_t(spec.n_group), false);
         for (int g : keep) kept[size_t(g)] = true;
         for (int64_t e = 0; e < n_experts; ++e)
-          if (!kept[size_t(e / per_group)]) choice[size_t(e)] = 0.0f;
+          if (!kept[size_t(e / per_group)]) choice[size_t(e)] = -INFINITY;
       }
     }
     auto chosen = top_k_indices(choice, k);
