@@ -97,11 +97,9 @@ class MlaMoeModel : public Model {
     rope_.inv_freq = inv_freq_->view();
     rope_.attention_scaling = freqs.attention_scaling;
     rope_.rotary_dim = int(c.qk_rope_head_dim);
-    // transformers 5.17 rotates GLM-5's MLA and indexer in GPT-J pairs whatever rope_interleave
-    // says; the other MLA families follow the flag.
-    rope_.interleaved = c.family == ModelFamily::GlmMoeDsa ? true : c.rope.interleaved;
+    rope_.interleaved = c.rope.interleaved;
     index_rope_ = rope_;
-    index_rope_.interleaved = c.family == ModelFamily::GlmMoeDsa ? true : c.indexer_rope_interleaved;
+    index_rope_.interleaved = c.indexer_rope_interleaved;
 
     scale_ = 1.0 / std::sqrt(double(qk));
     if (c.rope.yarn_factor != 1.0 && c.rope.yarn_mscale_all_dim != 0) {
