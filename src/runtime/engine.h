@@ -29,6 +29,9 @@ struct EngineConfig {
   int num_continuous_decode_steps = 1;    // --num-continuous-decode-steps
   bool enable_prefix_caching = true;
   int64_t max_context = 0;                // 0: the model's max_position_embeddings
+  // Tests only: every prefix-cache block gets the same hash, so only the check of a hit's
+  // token ids and parent keeps requests apart.
+  bool testing_constant_block_hash = false;
 };
 
 struct RequestParams {
@@ -75,6 +78,7 @@ struct SubmitResult {
 struct EngineStats {
   int64_t running = 0, waiting = 0;
   int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_free = 0;
+  int64_t kv_blocks_cached = 0;  // holding a reusable prompt prefix (free ones included)
   int64_t prefix_cache_hit_tokens = 0, prefix_cache_queried_tokens = 0;
   int64_t preemptions = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;  // totals since start

@@ -1,0 +1,290 @@
+// The engine as the server uses it: refusals at submit, aborts, the prefix cache, and the
+// step loop on its own thread fed from other threads.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "engine_test_util.h"
+
+namespace tetra {
+namespace {
+
+using runtime::Engine;
+using runtime::EngineConfig;
+using runtime::FinishReason;
+using runtime::RequestParams;
+using runtime::SubmitError;
+using testing::Collector;
+
+TEST(EngineSubmit, RefusesInvalidRequests) {
+  testing::TinyModel m;
+  Engine engine(*m.model, *m.backend, EngineConfig{});
+  auto refused = [&](RequestParams p) {
+    const auto r = engine.submit(std::move(p), {});
+    EXPECT_EQ(r.error, SubmitError::Invalid);
+    EXPECT_FALSE(r.message.empty());
+    return r.message;
+  };
+  refused(testing::greedy({}, 4));
+  EXPECT_NE(refused(testing::greedy({1, -1}, 4)).find("-1"), std::string::npos);
+  refused(testing::greedy({1, int32_t(m.vocab())}, 4));
+  refused(testing::greedy({1, 2}, 0));
+  refused(testing::greedy({1, 2}, -5));
+  RequestParams p = testing::greedy({1, 2}, 4);
+  p.top_logprobs = 21;
+  refused(p);
+  p = testing::greedy({1, 2}, 4);
+  p.sampling.temperature = std::nanf("");
+  refused(p);
+  p = testing::greedy({1, 2}, 4);
+  p.sampling.top_p = 0;
+  refused(p);
+  EXPECT_EQ(engine.stats().waiting, 0);
+}
+
+TEST(EngineSubmit, RefusesRequestsThatCanNeverFit) {
+  testing::TinyModel m;
+  EngineConfig c;
+  c.block_size = 4;
+  c.kv_blocks = 8;      // 32 tokens of KV in all
+  c.max_context = 100;
+  Engine engine(*m.model, *m.backend, c);
+  auto r = engine.submit(testing::greedy(std::vector<int32_t>(20, 1), 13), {});
+  EXPECT_EQ(r.error, SubmitError::TooLong);
+  EXPECT_NE(r.message.find("33"), std::string::npos) << r.message;  // 20 + 13 tokens
+  r = engine.submit(testing::greedy(std::vector<int32_t>(20, 1), 12), {});
+  EXPECT_EQ(r.error, SubmitError::None) << r.message;  // exactly the whole pool
+  // Past the context, and a max_new_tokens so large that a sum would overflow.
+  EngineConfig wide_config;
+  wide_config.max_context = 100;
+  Engine wide(*m.model, *m.backend, wide_config);
+  EXPECT_EQ(wide.submit(testing::greedy(std::vector<int32_t>(90, 1), 11), {}).error,
+            SubmitError::TooLong);
+  EXPECT_EQ(wide.submit(testing::greedy({1}, INT64_MAX), {}).error, SubmitError::TooLong);
+  EXPECT_EQ(wide.submit(testing::greedy(std::vector<int32_t>(99, 1), 1), {}).error,
+            SubmitError::None);
+}
+
+TEST(EngineSubmit, RefusesBeyondTheQueueCap) {
+  testing::TinyModel m;
+  EngineConfig c;
+  c.max_queued_requests = 3;
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  for (int i = 0; i < 3; ++i) testing::submit_ok(engine, testing::greedy({1, 2, 3}, 2), out);
+  const auto r = engine.submit(testing::greedy({1, 2, 3}, 2), {});
+  EXPECT_EQ(r.error, SubmitError::QueueFull);
+  EXPECT_FALSE(r.message.empty());
+  EXPECT_EQ(engine.stats().waiting, 3);
+  // Once the engine admits them the queue has room again.
+  engine.step();
+  testing::submit_ok(engine, testing::greedy({1, 2, 3}, 2), out);
+  testing::drain(engine);
+  EXPECT_EQ(out.by_id.size(), 4u);
+}
+
+TEST(EngineSubmit, ShuttingDownRefuses) {
+  testing::TinyModel m;
+  Engine engine(*m.model, *m.backend, EngineConfig{});
+  engine.stop_accepting();
+  EXPECT_EQ(engine.submit(testing::greedy({1}, 1), {}).error, SubmitError::ShuttingDown);
+}
+
+TEST(EngineAbort, FreesEveryBlockBeforeTheNextStep) {
+  testing::TinyModel m;
+  EngineConfig c;
+  c.block_size = 4;
+  c.chunked_prefill_size = 8;
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  std::mt19937 rng(7);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 6; ++i)
+    ids.push_back(testing::submit_ok(engine, testing::greedy(testing::random_prompt(rng, 13, m.vocab()), 50), out));
+  for (int i = 0; i < 5; ++i) engine.step();
+  const auto busy = engine.stats();
+  EXPECT_GT(busy.kv_blocks_used, 0);
+  EXPECT_GT(busy.running, 0);
+  EXPECT_GT(busy.waiting, 0);  // some still queued behind the 8-token prefill budget
+  for (uint64_t id : ids) engine.abort(id);
+  engine.abort(999999);  // unknown ids are ignored
+  EXPECT_TRUE(engine.step());
+  const auto idle = engine.stats();
+  EXPECT_EQ(idle.kv_blocks_used, 0);
+  EXPECT_EQ(idle.kv_blocks_free, idle.kv_blocks_total);
+  EXPECT_EQ(idle.running, 0);
+  EXPECT_EQ(idle.waiting, 0);
+  for (uint64_t id : ids) {
+    EXPECT_EQ(out.by_id[id].finish, FinishReason::Abort) << id;
+    EXPECT_EQ(out.by_id[id].finishes, 1) << id;
+  }
+  EXPECT_FALSE(engine.step());
+}
+
+TEST(EngineAbort, AbortAllEndsQueuedAndRunning) {
+  testing::TinyModel m;
+  EngineConfig c;
+  c.max_running_requests = 2;
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  for (int i = 0; i < 5; ++i) testing::submit_ok(engine, testing::greedy({4, 5, 6}, 30), out);
+  engine.step();
+  engine.abort_all();
+  engine.step();
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+  ASSERT_EQ(out.by_id.size(), 5u);
+  for (auto& [id, got] : out.by_id) EXPECT_EQ(got.finish, FinishReason::Abort);
+}
+
+TEST(EnginePrefixCache, SharedPrefixHitsAndGivesTheSameTokens) {
+  testing::TinyModel m;
+  EngineConfig c;
+  c.block_size = 4;
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  std::mt19937 rng(11);
+  const auto prefix = testing::random_prompt(rng, 18, m.vocab());
+  auto first = testing::greedy(prefix, 6);
+  first.prompt.push_back(1);
+  auto second = testing::greedy(prefix, 6);
+  second.prompt.push_back(2);
+  second.prompt.push_back(3);
+  const auto id1 = testing::submit_ok(engine, first, out);
+  testing::drain(engine);
+  EXPECT_EQ(out.by_id[id1].cached_prompt_tokens, 0);
+  const auto id2 = testing::submit_ok(engine, second, out);
+  testing::drain(engine);
+  EXPECT_EQ(out.by_id[id2].cached_prompt_tokens, 16);  // 4 full blocks of the 18 shared tokens
+  EXPECT_EQ(out.by_id[id2].tokens, testing::reference(m, second).token_ids);
+  const auto s = engine.stats();
+  EXPECT_EQ(s.prefix_cache_hit_tokens, 16);
+  EXPECT_EQ(s.prefix_cache_queried_tokens, 19 + 20);
+  EXPECT_GT(s.kv_blocks_cached, 0);
+  EXPECT_EQ(s.kv_blocks_used, 0);  // cached blocks are free to evict
+
+  // The same prompt again: every full block but the one holding the last token is a hit.
+  const auto id3 = testing::submit_ok(engine, second, out);
+  testing::drain(engine);
+  EXPECT_EQ(out.by_id[id3].cached_prompt_tokens, 16);
+  EXPECT_EQ(out.by_id[id3].tokens, out.by_id[id2].tokens);
+}
+
+TEST(EnginePrefixCache, ForcedHashCollisionsServeNoWrongBlocks) {
+  testing::TinyModel m;
+  EngineConfig c;
+  c.block_size = 4;
+  c.testing_constant_block_hash = true;
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  std::mt19937 rng(12);
+  std::vector<RequestParams> requests;
+  for (int i = 0; i < 4; ++i) requests.push_back(testing::greedy(testing::random_prompt(rng, 17, m.vocab()), 5));
+  std::vector<uint64_t> ids;
+  for (const auto& p : requests) {
+    ids.push_back(testing::submit_ok(engine, p, out));
+    testing::drain(engine);
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(out.by_id[ids[i]].cached_prompt_tokens, 0) << i;
+    EXPECT_EQ(out.by_id[ids[i]].tokens, testing::reference(m, requests[i]).token_ids) << i;
+  }
+  EXPECT_EQ(engine.stats().prefix_cache_hit_tokens, 0);
+}
+
+TEST(EnginePrefixCache, DisabledMeansNoHits) {
+  testing::TinyModel m;
+  EngineConfig c;
+  c.enable_prefix_caching = false;
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  const auto p = testing::greedy(std::vector<int32_t>(40, 9), 3);
+  testing::submit_ok(engine, p, out);
+  testing::drain(engine);
+  const auto id = testing::submit_ok(engine, p, out);
+  testing::drain(engine);
+  EXPECT_EQ(out.by_id[id].cached_prompt_tokens, 0);
+  EXPECT_EQ(engine.stats().kv_blocks_cached, 0);
+}
+
+// The server's view: run() on its own thread, submits from several threads, completion
+// awaited on a condition variable, then stop().
+TEST(EngineThread, RunServesSubmitsFromOtherThreads) {
+  testing::TinyModel m;
+  Engine engine(*m.model, *m.backend, EngineConfig{});
+  std::thread loop([&] { engine.run(); });
+
+  std::mutex mu;
+  std::condition_variable done_cv;
+  Collector out;
+  int done = 0;
+  const int n_threads = 4, per_thread = 3;
+  std::vector<std::vector<RequestParams>> params(n_threads);
+  std::vector<std::vector<uint64_t>> ids(n_threads);
+  for (int t = 0; t < n_threads; ++t) {
+    std::mt19937 rng(100 + t);
+    for (int i = 0; i < per_thread; ++i)
+      params[size_t(t)].push_back(testing::greedy(testing::random_prompt(rng, 5 + 3 * i, m.vocab()), 6));
+  }
+  auto callback = [&](const runtime::RequestOutput& o) {
+    std::lock_guard<std::mutex> lock(mu);
+    out.callback()(o);
+    if (o.finish != FinishReason::None) {
+      ++done;
+      done_cv.notify_all();
+    }
+  };
+  std::vector<std::thread> clients;
+  for (int t = 0; t < n_threads; ++t)
+    clients.emplace_back([&, t] {
+      for (const auto& p : params[size_t(t)]) {
+        const auto r = engine.submit(p, callback);
+        std::lock_guard<std::mutex> lock(mu);
+        ids[size_t(t)].push_back(r.request_id);
+      }
+    });
+  for (auto& c : clients) c.join();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(done_cv.wait_for(lock, std::chrono::seconds(60), [&] { return done == n_threads * per_thread; }));
+  }
+  engine.stop();
+  loop.join();
+  for (int t = 0; t < n_threads; ++t)
+    for (int i = 0; i < per_thread; ++i)
+      EXPECT_EQ(out.by_id[ids[size_t(t)][size_t(i)]].tokens,
+                testing::reference(m, params[size_t(t)][size_t(i)]).token_ids);
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
+TEST(EngineThread, StopAbortsWhatIsLeft) {
+  testing::TinyModel m;
+  EngineConfig c;
+  c.max_running_requests = 1;
+  Engine engine(*m.model, *m.backend, c);
+  std::mutex mu;
+  std::condition_variable cv;
+  int tokens = 0;
+  std::vector<FinishReason> finishes;
+  auto callback = [&](const runtime::RequestOutput& o) {
+    std::lock_guard<std::mutex> lock(mu);
+    tokens += int(o.tokens.size());
+    if (o.finish != FinishReason::None) finishes.push_back(o.finish);
+    cv.notify_all();
+  };
+  std::thread loop([&] { engine.run(); });
+  for (int i = 0; i < 3; ++i) engine.submit(testing::greedy({1, 2, 3}, 400), callback);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return tokens >= 2; });
+  }
+  engine.stop();
+  loop.join();
+  ASSERT_EQ(finishes.size(), 3u);
+  for (auto f : finishes) EXPECT_EQ(f, FinishReason::Abort);
+  EXPECT_EQ(engine.submit(testing::greedy({1}, 1), {}).error, SubmitError::ShuttingDown);
+}
+
+}  // namespace
+}  // namespace tetra
