@@ -91,6 +91,13 @@ TEST(Checkpoint, OpensShardsThroughTheIndex) {
   EXPECT_EQ(std::string(ckpt->get("c").as<char>(), 4), "aaaa");
 }
 
+TEST(Checkpoint, PrefersModelSafetensorsOverTheIndex) {
+  TempDir dir;
+  write_u8_file(dir.path() / "model.safetensors", {"single"});
+  write_index(dir.path(), R"({"a":"missing.safetensors"})");  // not even looked at
+  EXPECT_EQ(Checkpoint::open(dir.path())->names(), (std::vector<std::string>{"single"}));
+}
+
 TEST(Checkpoint, ShardsInASubfolderAreInside) {
   TempDir dir;
   fs::create_directories(dir.path() / "sub");
