@@ -20,7 +20,7 @@ using testing::Collector;
 
 TEST(EngineSubmit, RefusesInvalidRequests) {
   testing::TinyModel m;
-  Engine engine(*m.model, *m.backend, EngineConfig{});
+  Engine engine(*m.model, *m.backend, testing::small_config());
   auto refused = [&](RequestParams p) {
     const auto r = engine.submit(std::move(p), {});
     EXPECT_EQ(r.error, SubmitError::Invalid);
@@ -46,7 +46,7 @@ TEST(EngineSubmit, RefusesInvalidRequests) {
 
 TEST(EngineSubmit, RefusesRequestsThatCanNeverFit) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.block_size = 4;
   c.kv_blocks = 8;      // 32 tokens of KV in all
   c.max_context = 100;
@@ -57,7 +57,7 @@ TEST(EngineSubmit, RefusesRequestsThatCanNeverFit) {
   r = engine.submit(testing::greedy(std::vector<int32_t>(20, 1), 12), {});
   EXPECT_EQ(r.error, SubmitError::None) << r.message;  // exactly the whole pool
   // Past the context, and a max_new_tokens so large that a sum would overflow.
-  EngineConfig wide_config;
+  EngineConfig wide_config = testing::small_config();
   wide_config.max_context = 100;
   Engine wide(*m.model, *m.backend, wide_config);
   EXPECT_EQ(wide.submit(testing::greedy(std::vector<int32_t>(90, 1), 11), {}).error,
@@ -69,7 +69,7 @@ TEST(EngineSubmit, RefusesRequestsThatCanNeverFit) {
 
 TEST(EngineSubmit, RefusesBeyondTheQueueCap) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.max_queued_requests = 3;
   Engine engine(*m.model, *m.backend, c);
   Collector out;
@@ -87,14 +87,14 @@ TEST(EngineSubmit, RefusesBeyondTheQueueCap) {
 
 TEST(EngineSubmit, ShuttingDownRefuses) {
   testing::TinyModel m;
-  Engine engine(*m.model, *m.backend, EngineConfig{});
+  Engine engine(*m.model, *m.backend, testing::small_config());
   engine.stop_accepting();
   EXPECT_EQ(engine.submit(testing::greedy({1}, 1), {}).error, SubmitError::ShuttingDown);
 }
 
 TEST(EngineAbort, FreesEveryBlockBeforeTheNextStep) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.block_size = 4;
   c.chunked_prefill_size = 8;
   Engine engine(*m.model, *m.backend, c);
@@ -125,7 +125,7 @@ TEST(EngineAbort, FreesEveryBlockBeforeTheNextStep) {
 
 TEST(EngineAbort, AbortAllEndsQueuedAndRunning) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.max_running_requests = 2;
   Engine engine(*m.model, *m.backend, c);
   Collector out;
@@ -140,7 +140,7 @@ TEST(EngineAbort, AbortAllEndsQueuedAndRunning) {
 
 TEST(EnginePrefixCache, SharedPrefixHitsAndGivesTheSameTokens) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.block_size = 4;
   Engine engine(*m.model, *m.backend, c);
   Collector out;
@@ -173,7 +173,7 @@ TEST(EnginePrefixCache, SharedPrefixHitsAndGivesTheSameTokens) {
 
 TEST(EnginePrefixCache, ForcedHashCollisionsServeNoWrongBlocks) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.block_size = 4;
   c.testing_constant_block_hash = true;
   Engine engine(*m.model, *m.backend, c);
@@ -195,7 +195,7 @@ TEST(EnginePrefixCache, ForcedHashCollisionsServeNoWrongBlocks) {
 
 TEST(EnginePrefixCache, DisabledMeansNoHits) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.enable_prefix_caching = false;
   Engine engine(*m.model, *m.backend, c);
   Collector out;
@@ -212,7 +212,7 @@ TEST(EnginePrefixCache, DisabledMeansNoHits) {
 // awaited on a condition variable, then stop().
 TEST(EngineThread, RunServesSubmitsFromOtherThreads) {
   testing::TinyModel m;
-  Engine engine(*m.model, *m.backend, EngineConfig{});
+  Engine engine(*m.model, *m.backend, testing::small_config());
   std::thread loop([&] { engine.run(); });
 
   std::mutex mu;
@@ -260,7 +260,7 @@ TEST(EngineThread, RunServesSubmitsFromOtherThreads) {
 
 TEST(EngineThread, StopAbortsWhatIsLeft) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.max_running_requests = 1;
   Engine engine(*m.model, *m.backend, c);
   std::mutex mu;

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "engine_test_util.h"
 
@@ -58,37 +61,103 @@ void run_batch_and_compare(testing::TinyModel& m, const EngineConfig& config,
 
 TEST(Engine, GreedyAloneEqualsGenerate) {
   testing::TinyModel m;
-  for (const auto& p : mixed_requests(m, 4)) run_batch_and_compare(m, EngineConfig{}, {p});
+  for (const auto& p : mixed_requests(m, 4)) run_batch_and_compare(m, testing::small_config(), {p});
 }
 
 TEST(Engine, GreedyBatchOf16MixedLengthsEqualsGenerate) {
   testing::TinyModel m;
   runtime::EngineStats s;
-  run_batch_and_compare(m, EngineConfig{}, mixed_requests(m, 16), &s);
+  run_batch_and_compare(m, testing::small_config(), mixed_requests(m, 16), &s);
   EXPECT_EQ(s.preemptions, 0);
   EXPECT_GT(s.generated_tokens, 0);
 }
 
-TEST(Engine, EosEndsARequestWithStop) {
+TEST(Engine, StaggeredArrivalsMixPrefillAndDecode) {
+  // New prompts join while others decode, under a small prefill budget and a running cap:
+  // steps mix decode tokens with prompt chunks, and nobody's tokens change.
   testing::TinyModel m;
-  // Whatever the prompt produces first becomes the model's EOS for this check: generate()
-  // stops there too, so both must report "stop" after one token.
-  auto p = testing::greedy({5, 6, 7}, 10, /*ignore_eos=*/false);
-  const auto first = testing::reference(m, testing::greedy({5, 6, 7}, 1)).token_ids[0];
-  const auto& eos = m.model->config().eos_token_ids;
-  if (std::find(eos.begin(), eos.end(), first) == eos.end()) {
-    // The fixture's EOS is not the first token; honouring EOS still must match generate().
-    Engine engine(*m.model, *m.backend, EngineConfig{});
-    Collector out;
-    const auto id = testing::submit_ok(engine, p, out);
-    testing::drain(engine);
-    expect_matches_generate(m, p, out.by_id[id], "eos honoured");
+  EngineConfig c = testing::small_config();
+  c.chunked_prefill_size = 7;
+  c.max_running_requests = 3;
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  const auto requests = mixed_requests(m, 10, 6);
+  std::vector<uint64_t> ids;
+  int64_t most_running = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ids.push_back(testing::submit_ok(engine, requests[i], out));
+    for (size_t k = 0; k < 1 + i % 3; ++k) {
+      engine.step();
+      most_running = std::max(most_running, engine.stats().running);
+    }
   }
+  while (engine.step()) most_running = std::max(most_running, engine.stats().running);
+  EXPECT_EQ(most_running, 3);
+  for (size_t i = 0; i < requests.size(); ++i)
+    expect_matches_generate(m, requests[i], out.by_id[ids[i]], "request " + std::to_string(i));
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
+TEST(Engine, FrequencyPenaltyStopsRepeats) {
+  // A penalty far above any logit gap forbids every token already generated; the prompt's
+  // tokens are not penalised (OpenAI counts generated tokens only).
+  testing::TinyModel m;
+  Engine engine(*m.model, *m.backend, testing::small_config());
+  Collector out;
+  RequestParams p = testing::greedy({7, 7, 7, 7}, 40);
+  p.sampling.frequency_penalty = 1000.0f;
+  const auto id = testing::submit_ok(engine, p, out);
+  RequestParams plain = testing::greedy({7, 7, 7, 7}, 40);
+  const auto plain_id = testing::submit_ok(engine, plain, out);
+  testing::drain(engine);
+  auto tokens = out.by_id[id].tokens;
+  ASSERT_EQ(tokens.size(), 40u);
+  std::sort(tokens.begin(), tokens.end());
+  EXPECT_EQ(std::adjacent_find(tokens.begin(), tokens.end()), tokens.end()) << "a token repeats";
+  // Without the penalty this tiny random model does repeat itself within 40 tokens.
+  auto plain_tokens = out.by_id[plain_id].tokens;
+  std::sort(plain_tokens.begin(), plain_tokens.end());
+  EXPECT_NE(std::adjacent_find(plain_tokens.begin(), plain_tokens.end()), plain_tokens.end());
+}
+
+TEST(Engine, EosEndsARequestWithStopUnlessIgnored) {
+  // The fixture again, with its eos_token_id set to the third token greedy decoding of this
+  // prompt produces, so the stop is certain.
+  testing::TinyModel m;
+  const std::vector<int32_t> prompt = {5, 6, 7, 8};
+  const auto free_run = testing::reference(m, testing::greedy(prompt, 3));
+  const int32_t eos = free_run.token_ids[2];
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("tetra-eos-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+                    "-" + std::to_string(eos));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(testing::tiny_model_dir() / "model.safetensors", dir / "model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  {
+    std::ifstream in(testing::tiny_model_dir() / "config.json");
+    auto config = nlohmann::json::parse(in);
+    config["eos_token_id"] = eos;
+    std::ofstream(dir / "config.json") << config.dump();
+  }
+  auto model = model::load_model(dir, *m.backend);
+  Engine engine(*model, *m.backend, testing::small_config());
+  Collector out;
+  const auto stops = testing::submit_ok(engine, testing::greedy(prompt, 10, /*ignore_eos=*/false), out);
+  const auto ignores = testing::submit_ok(engine, testing::greedy(prompt, 10, /*ignore_eos=*/true), out);
+  testing::drain(engine);
+  std::filesystem::remove_all(dir);
+  // The EOS token is delivered, then the request ends.
+  auto want = free_run.token_ids;
+  want.erase(std::find(want.begin(), want.end(), eos) + 1, want.end());
+  EXPECT_EQ(out.by_id[stops].tokens, want);
+  EXPECT_EQ(out.by_id[stops].finish, FinishReason::Stop);
+  EXPECT_EQ(out.by_id[ignores].tokens.size(), 10u);
+  EXPECT_EQ(out.by_id[ignores].finish, FinishReason::Length);
 }
 
 TEST(Engine, ChunkedPrefillOf3EqualsUnchunked) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.chunked_prefill_size = 3;
   runtime::EngineStats s;
   run_batch_and_compare(m, c, mixed_requests(m, 8, 2), &s);
@@ -100,7 +169,7 @@ TEST(Engine, ChunkedPrefillOf3EqualsUnchunked) {
 
 TEST(Engine, PreemptionByRecomputeKeepsGreedyTokens) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.block_size = 4;
   c.kv_blocks = 14;  // one request needs up to 11 blocks; four at once cannot fit
   std::mt19937 rng(3);
@@ -114,7 +183,7 @@ TEST(Engine, PreemptionByRecomputeKeepsGreedyTokens) {
 
 TEST(Engine, ContinuousDecodeStepsGiveTheSameTokens) {
   testing::TinyModel m;
-  EngineConfig c;
+  EngineConfig c = testing::small_config();
   c.num_continuous_decode_steps = 4;
   runtime::EngineStats s4;
   run_batch_and_compare(m, c, mixed_requests(m, 6, 4), &s4);
@@ -132,7 +201,7 @@ TEST(Engine, SameSeedSameTokensInAnyBatch) {
   p.seed = 1234;
   const auto want = testing::reference(m, p);
   // Four copies in one batch beside other seeded requests, then one alone.
-  Engine engine(*m.model, *m.backend, EngineConfig{});
+  Engine engine(*m.model, *m.backend, testing::small_config());
   Collector out;
   std::vector<uint64_t> ids;
   std::mt19937 rng(5);
@@ -157,7 +226,7 @@ TEST(Engine, SameSeedSameTokensInAnyBatch) {
 
 TEST(Engine, TopLogprobsListTheBestAlternatives) {
   testing::TinyModel m;
-  Engine engine(*m.model, *m.backend, EngineConfig{});
+  Engine engine(*m.model, *m.backend, testing::small_config());
   Collector out;
   RequestParams p = testing::greedy({3, 1, 4, 1, 5, 9, 2, 6}, 5);
   p.top_logprobs = 5;

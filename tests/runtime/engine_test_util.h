@@ -67,6 +67,14 @@ struct Collector {
   }
 };
 
+// The engine's defaults with a small KV pool: zeroing the default 256 MiB on every test's
+// engine would dominate the run time.
+inline runtime::EngineConfig small_config() {
+  runtime::EngineConfig c;
+  c.kv_blocks = 256;
+  return c;
+}
+
 inline uint64_t submit_ok(runtime::Engine& engine, runtime::RequestParams p, Collector& out) {
   const auto r = engine.submit(std::move(p), out.callback());
   EXPECT_EQ(r.error, runtime::SubmitError::None) << r.message;
