@@ -10,6 +10,7 @@
 namespace tetra::cli {
 // One declaration and one table row per command.
 int cmd_bench(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
@@ -23,6 +24,8 @@ const Command kCommands[] = {
     {"inspect", "describe a model folder: architecture, sizes, tensors", tetra::cli::cmd_inspect},
     {"generate", "generate tokens from a prompt", tetra::cli::cmd_generate},
     {"bench", "benchmarks: tetra bench moe (kernels on the GPU)", tetra::cli::cmd_bench},
+    {"eval", "perplexity, KL divergence and top-1 agreement against a reference model",
+     tetra::cli::cmd_eval},
     {"quantize", "quantize a BF16 checkpoint to NVFP4 (ModelOpt format)", tetra::cli::cmd_quantize},
 };
 

@@ -1,0 +1,121 @@
+// tetra eval: perplexity of a model over a text and, with --ref, the mean KL divergence from a
+// reference model's next-token distribution and the top-1 agreement (how quantization is
+// judged: llama.cpp's perplexity/KLD rule).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "progress.h"
+#include "runtime/evaluate.h"
+#ifdef TETRA_HAVE_TOKENIZER
+#include "tokenizer/tokenizer.h"
+#endif
+
+namespace tetra::cli {
+namespace {
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  TETRA_CHECK(in, "cannot read the text file ", path.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::unique_ptr<model::Model> load(const std::filesystem::path& dir, ops::Backend& backend) {
+  TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
+  Progress progress("loading " + dir.filename().string());
+  model::LoadOptions options;
+  options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
+  auto m = model::load_model(dir, backend, options);
+  progress.finish(m->load_stats().tensors, m->load_stats().bytes);
+  return m;
+}
+
+}  // namespace
+
+int cmd_eval(int argc, char** argv) {
+  CLI::App app{"Perplexity of a model over a text; with --ref, KL divergence and top-1 "
+               "agreement against a reference model.", "tetra eval"};
+  std::string model_dir, text_file, ref_dir, ids_file;
+  int64_t window = 512;
+  int threads = 0;
+  bool json = false;
+  app.add_option("--model", model_dir, "model folder")->required();
+  auto* t = app.add_option("--text", text_file, "text file, tokenized with the model's tokenizer");
+  auto* i = app.add_option("--ids", ids_file, "file of token ids (JSON list) instead of --text");
+  t->excludes(i);
+  app.add_option("--ref", ref_dir, "reference model folder (e.g. the BF16 original)");
+  app.add_option("--window", window, "tokens per evaluation window")->check(CLI::Range(2, 1 << 20));
+  app.add_option("--threads", threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--json", json, "print one JSON object on stdout");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  TETRA_CHECK(!text_file.empty() || !ids_file.empty(), "give the text with --text (or --ids)");
+  const std::filesystem::path dir(model_dir);
+
+  std::vector<int32_t> tokens;
+  if (!ids_file.empty()) {
+    try {
+      tokens = nlohmann::json::parse(read_text(ids_file)).get<std::vector<int32_t>>();
+    } catch (const nlohmann::json::exception&) {
+      fail(ids_file, " is not a JSON list of token ids");
+    }
+  } else {
+#ifdef TETRA_HAVE_TOKENIZER
+    TETRA_CHECK(std::filesystem::exists(dir / "tokenizer.json"), "--text needs ",
+                (dir / "tokenizer.json").string(), "; use --ids with a model that has none");
+    const auto tok = tok::Tokenizer::load(dir);
+    for (auto id : tok.encode(read_text(text_file))) tokens.push_back(int32_t(id));
+#else
+    fail("--text needs a build with the tokenizer; use --ids");
+#endif
+  }
+
+  auto backend = ops::make_cpu_backend(threads);
+  auto model = load(dir, *backend);
+  std::unique_ptr<model::Model> ref;
+  if (!ref_dir.empty()) ref = load(ref_dir, *backend);
+
+  runtime::EvalOptions opt;
+  opt.window = window;
+  Progress progress("evaluating");
+  opt.on_progress = [&](int64_t done, int64_t) { progress.update(done, 0); };
+  const runtime::EvalResult r = runtime::evaluate(*model, ref.get(), *backend, tokens, opt);
+  progress.finish(r.n_scored, 0);
+
+  if (json) {
+    nlohmann::json out = {{"tokens", tokens.size()}, {"scored", r.n_scored},
+                          {"perplexity", r.perplexity}, {"mean_nll", r.nll_sum / double(r.n_scored)}};
+    if (r.has_ref) {
+      out["ref_perplexity"] = r.ref_perplexity;
+      out["mean_kl"] = r.mean_kl;
+      out["max_kl"] = r.max_kl;
+      out["top1_agreement"] = r.top1_agreement;
+    }
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("%lld tokens, %lld predictions scored\nperplexity: %.4f\n",
+                static_cast<long long>(tokens.size()), static_cast<long long>(r.n_scored),
+                r.perplexity);
+    if (r.has_ref)
+      std::printf("reference perplexity: %.4f\nmean KL(ref || model): %.6f nats (max %.6f)\n"
+                  "top-1 agreement: %.2f%%\n",
+                  r.ref_perplexity, r.mean_kl, r.max_kl, 100.0 * r.top1_agreement);
+  }
+  return 0;
+}
+
+}  // namespace tetra::cli
