@@ -92,6 +92,11 @@ struct Engine::Impl {
     if (config.max_context == 0) config.max_context = m.config().max_position_embeddings;
     if (config.testing_constant_block_hash)
       blocks.set_hash_for_testing([](uint64_t, std::span<const int32_t>) { return uint64_t(42); });
+    const int64_t block_bytes =
+        kv_bytes_per_block(m.kv_layout(), config.block_size, b.activation_dtype());
+    log_info("KV cache: ", n_blocks, " blocks of ", config.block_size, " tokens (",
+             n_blocks * block_bytes / (1 << 20), " MiB), context ", config.max_context,
+             ", prefix caching ", config.enable_prefix_caching ? "on" : "off");
     publish_stats();
   }
 

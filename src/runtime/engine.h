@@ -92,19 +92,24 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Thread-safe. Validates and queues; never blocks on the engine thread.
+  // Thread-safe. Validates and queues; never blocks on the engine thread. On success the
+  // callback is called on the engine thread with each step's tokens, and exactly once with
+  // a finish reason (then never again). Refused requests never call it.
   SubmitResult submit(RequestParams params, OutputCallback on_output);
   // Thread-safe. Finishes the request with FinishReason::Abort and frees its blocks before
-  // the next step.
+  // the next step. Unknown or finished ids are ignored.
   void abort(uint64_t request_id);
 
-  // Runs the step loop on the calling thread until stop(); or one step for tests.
+  // Runs the step loop on the calling thread until stop(), sleeping while there is nothing
+  // to do; or one step for tests (never both at once). When run() returns, every request
+  // still queued or running has been finished with FinishReason::Abort.
   void run();
   bool step();  // false when there was nothing to do
-  // Thread-safe. stop_accepting() makes submit() refuse (ShuttingDown); stop() ends run().
+  // Thread-safe. stop_accepting() makes submit() refuse (ShuttingDown); stop() ends run()
+  // after the current step and refuses further submissions too.
   void stop_accepting();
   void stop();
-  // Aborts every running and waiting request (drain timeout reached).
+  // Thread-safe. Aborts every running and waiting request (drain timeout reached).
   void abort_all();
 
   EngineStats stats() const;  // thread-safe snapshot

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -241,6 +242,56 @@ TEST(Engine, TopLogprobsListTheBestAlternatives) {
     EXPECT_NEAR(got.top[i][0].second, got.logprobs[i], 1e-6);
     for (size_t j = 1; j < 5; ++j) EXPECT_LE(got.top[i][j].second, got.top[i][j - 1].second);
   }
+}
+
+TEST(Engine, EverythingAtOnceKeepsGreedyTokens) {
+  // Shared prefixes, a pool far smaller than the load, 5-token prefill chunks, a running
+  // cap, grouped decode steps, staggered arrivals and a few aborts, all in one run: every
+  // request that was not aborted still gets exactly generate()'s tokens.
+  testing::TinyModel m;
+  EngineConfig c = testing::small_config();
+  c.block_size = 4;
+  c.kv_blocks = 20;
+  c.chunked_prefill_size = 5;
+  c.max_running_requests = 6;
+  c.num_continuous_decode_steps = 3;
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  std::mt19937 rng(21);
+  const auto shared = testing::random_prompt(rng, 12, m.vocab());
+  std::vector<RequestParams> requests;
+  for (int i = 0; i < 24; ++i) {
+    std::vector<int32_t> prompt(shared.begin(), shared.begin() + (i % 3) * 6);
+    const auto tail = testing::random_prompt(rng, 1 + (i * 5) % 17, m.vocab());
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    requests.push_back(testing::greedy(prompt, 1 + (i * 7) % 25));
+  }
+  std::vector<uint64_t> ids;
+  std::set<uint64_t> aborted;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ids.push_back(testing::submit_ok(engine, requests[i], out));
+    if (i % 7 == 3) {
+      engine.abort(ids[i - 1]);
+      aborted.insert(ids[i - 1]);
+    }
+    for (size_t k = 0; k < i % 4; ++k) engine.step();
+  }
+  testing::drain(engine);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const auto& got = out.by_id[ids[i]];
+    if (aborted.count(ids[i])) {
+      EXPECT_EQ(got.finishes, 1);
+      // A request may have finished before its abort arrived.
+      EXPECT_TRUE(got.finish == FinishReason::Abort || got.finish == FinishReason::Length);
+      continue;
+    }
+    expect_matches_generate(m, requests[i], got, "request " + std::to_string(i));
+  }
+  const auto s = engine.stats();
+  EXPECT_GT(s.preemptions, 0);
+  EXPECT_GT(s.prefix_cache_hit_tokens, 0);
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_EQ(s.running + s.waiting, 0);
 }
 
 }  // namespace
