@@ -79,6 +79,16 @@ RequestOutput output_of(const Request& r) {
   return out;
 }
 
+// A callback that throws is the caller's bug; it must not take the engine loop down.
+void deliver(const Request& r, const RequestOutput& out) {
+  if (!r.on_output) return;
+  try {
+    r.on_output(out);
+  } catch (const std::exception& e) {
+    log_warn("output callback of request ", r.id, " threw: ", e.what());
+  }
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -226,7 +236,7 @@ void Engine::Impl::finish(Request* r, FinishReason reason, const std::string& er
   RequestOutput out = output_of(*r);
   out.finish = reason;
   out.error = error;
-  if (r->on_output) r->on_output(out);
+  deliver(*r, out);
   requests.erase(r->id);
 }
 
@@ -300,7 +310,7 @@ void Engine::Impl::post_process(const ScheduledChunk& c, std::span<const float> 
   RequestOutput out = output_of(*r);
   out.finish = reason;
   out.tokens.push_back(std::move(t));
-  if (r->on_output) r->on_output(out);
+  deliver(*r, out);
   if (reason != FinishReason::None) {
     scheduler.remove(r);
     requests.erase(r->id);

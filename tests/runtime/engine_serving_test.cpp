@@ -286,5 +286,60 @@ TEST(EngineThread, StopAbortsWhatIsLeft) {
   EXPECT_EQ(engine.submit(testing::greedy({1}, 1), {}).error, SubmitError::ShuttingDown);
 }
 
+// The real model, except that a forward can be made to fail as a device fault would.
+class FaultyModel : public model::Model {
+ public:
+  explicit FaultyModel(model::Model& inner) : inner_(inner) {}
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::vector<model::KvLayerShape> kv_layout() const override { return inner_.kv_layout(); }
+  model::LoadStats load_stats() const override { return inner_.load_stats(); }
+  void forward(const model::StepInputs& in, const std::vector<ops::KvCacheLayer>& cache,
+               TensorView logits) override {
+    if (fail_next) {
+      fail_next = false;
+      fail("injected device fault");
+    }
+    inner_.forward(in, cache, logits);
+  }
+  bool fail_next = false;
+
+ private:
+  model::Model& inner_;
+};
+
+TEST(EngineFault, FailedStepEndsItsRequestsWithAnErrorAndServingGoesOn) {
+  testing::TinyModel m;
+  FaultyModel faulty(*m.model);
+  Engine engine(faulty, *m.backend, testing::small_config());
+  Collector out;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(testing::submit_ok(engine, testing::greedy({1, 2, 3, 4, 5}, 20), out));
+  engine.step();
+  faulty.fail_next = true;
+  engine.step();
+  for (uint64_t id : ids) {
+    EXPECT_EQ(out.by_id[id].finish, FinishReason::Error);
+    EXPECT_EQ(out.by_id[id].finishes, 1);
+  }
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+  EXPECT_EQ(engine.stats().running, 0);
+  const auto p = testing::greedy({9, 8, 7}, 6);
+  const auto id = testing::submit_ok(engine, p, out);
+  testing::drain(engine);
+  EXPECT_EQ(out.by_id[id].tokens, testing::reference(m, p).token_ids);
+}
+
+TEST(EngineFault, ThrowingCallbackDoesNotStopTheEngine) {
+  testing::TinyModel m;
+  Engine engine(*m.model, *m.backend, testing::small_config());
+  engine.submit(testing::greedy({1, 2}, 3), [](const runtime::RequestOutput&) { fail("callback bug"); });
+  Collector out;
+  const auto p = testing::greedy({3, 4}, 3);
+  const auto id = testing::submit_ok(engine, p, out);
+  testing::drain(engine);
+  EXPECT_EQ(out.by_id[id].tokens, testing::reference(m, p).token_ids);
+  EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
 }  // namespace
 }  // namespace tetra
