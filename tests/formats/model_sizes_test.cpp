@@ -47,6 +47,14 @@ TEST(ModelSizes, Glm5MatchesPublishedFigures) {
   EXPECT_EQ(model_sizes(parse(glm5()), 1).kv_bytes_per_token, 78 * (512 + 64 + 128));
 }
 
+TEST(ModelSizes, Glm5ConfigFixture) {
+  // tests/fixtures/glm5-config is the published file that `tetra inspect` reads.
+  const std::filesystem::path dir = std::filesystem::path(TETRA_SOURCE_DIR) / "tests" / "fixtures" / "glm5-config";
+  ModelConfig c = load_model_config(dir);
+  EXPECT_EQ(c, parse(glm5()));
+  EXPECT_EQ(model_sizes(c).params_total, 743911218432);
+}
+
 TEST(ModelSizes, PublishedModels) {
   // Computed here (MTP layers excluded, embeddings counted) against the model cards.
   // GLM-4.5's card (355B-A32B) likely counts its MTP layer (~3.9B with a full MoE block); we
@@ -130,7 +138,8 @@ TEST(ModelSizes, FixtureCheckpointsMatchExactly) {
   const std::filesystem::path root = std::filesystem::path(TETRA_SOURCE_DIR) / "tests" / "fixtures";
   int n_fixtures = 0;
   for (const auto& entry : std::filesystem::directory_iterator(root)) {
-    if (!std::filesystem::exists(entry.path() / "config.json")) continue;
+    // Config-only fixtures (glm5-config) have no weights to count.
+    if (!std::filesystem::exists(entry.path() / "model.safetensors")) continue;
     SCOPED_TRACE(entry.path().filename().string());
     ++n_fixtures;
     ModelConfig c = load_model_config(entry.path());
