@@ -5,12 +5,19 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "core/error.h"
 #include "formats/quantize_checkpoint.h"
 #include "progress.h"
+#include "runtime/calibrate.h"
+#ifdef TETRA_HAVE_TOKENIZER
+#include "tokenizer/tokenizer.h"
+#endif
 
 namespace tetra::cli {
 
@@ -31,13 +38,34 @@ int cmd_quantize(int argc, char** argv) {
     return app.exit(e);
   }
   TETRA_CHECK(scheme == "nvfp4", "unknown --scheme '", scheme, "' (tetra quantizes to nvfp4)");
-  TETRA_CHECK(calib.empty(),
-              "--calib is not available in this build yet: calibration runs the model's forward "
-              "pass, which tetra quantize does not drive yet; omit it for a W4A16_NVFP4 checkpoint");
-
   QuantizeOptions opt;
   opt.src = model_dir;
   opt.dst = out_dir;
+  TETRA_CHECK(std::filesystem::is_directory(opt.src), "model folder ", model_dir, " does not exist");
+  TETRA_CHECK(!std::filesystem::exists(opt.dst), "output folder ", out_dir,
+              " already exists; choose a new one (tetra quantize never overwrites)");
+  if (!calib.empty()) {
+#ifdef TETRA_HAVE_TOKENIZER
+    std::ifstream in(calib, std::ios::binary);
+    TETRA_CHECK(in, "cannot read the calibration text ", calib);
+    std::stringstream text;
+    text << in.rdbuf();
+    TETRA_CHECK(std::filesystem::exists(opt.src / "tokenizer.json"), "--calib needs ",
+                (opt.src / "tokenizer.json").string(), " to tokenize the text");
+    std::vector<int32_t> tokens;
+    for (auto id : tok::Tokenizer::load(opt.src).encode(text.str())) tokens.push_back(int32_t(id));
+    TETRA_CHECK(!tokens.empty(), "the calibration text ", calib, " encodes to no tokens");
+    // The BF16 model runs over the text on the CPU; each MLP linear's largest input becomes
+    // its input_scale (W4A4).
+    Progress calib_progress("calibrating on " + std::to_string(tokens.size()) + " tokens");
+    runtime::CalibrateOptions copt;
+    copt.on_progress = [&](int64_t done, int64_t) { calib_progress.update(done, 0); };
+    opt.input_amax = runtime::calibrate_input_amax(opt.src, tokens, copt);
+    calib_progress.finish(int64_t(tokens.size()), 0);
+#else
+    fail("--calib needs a build with the tokenizer");
+#endif
+  }
   Progress progress("quantizing");
   int64_t n_done = 0, bytes_done = 0;
   opt.on_progress = [&](int64_t done, int64_t, int64_t bytes, int64_t) {

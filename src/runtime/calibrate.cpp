@@ -1,0 +1,269 @@
+#include "runtime/calibrate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <span>
+#include <sstream>
+
+#include "formats/safetensors.h"
+#include "model/model.h"
+#include "ops/ops.h"
+#include "runtime/kv_cache.h"
+#include "runtime/step_builder.h"
+
+namespace tetra::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using ops::Backend;
+using ops::Context;
+using ops::LinearWeight;
+using ops::MlpWeights;
+using ops::MoeExperts;
+
+// max |x| of an activation tensor (F32, BF16 or F16), copied to the host first.
+float activation_amax(Backend& backend, TensorView x) {
+  const int64_t n = x.numel();
+  if (n == 0) return 0.0f;
+  std::vector<uint8_t> raw(static_cast<size_t>(x.nbytes()));
+  backend.copy_to_host(raw.data(), x);
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    switch (x.dtype) {
+      case DType::F32: v = reinterpret_cast<const float*>(raw.data())[i]; break;
+      case DType::BF16: v = bf16_to_f32(reinterpret_cast<const uint16_t*>(raw.data())[i]); break;
+      case DType::F16: v = f16_to_f32(reinterpret_cast<const uint16_t*>(raw.data())[i]); break;
+      default: fail("calibration reads F32, BF16 or F16 activations, not ", dtype_name(x.dtype));
+    }
+    amax = std::max(amax, std::fabs(v));
+  }
+  return amax;
+}
+
+// Experts as the inner backend prepared them, plus the weights, for the calibration pass.
+class CalibExperts : public MoeExperts {
+ public:
+  CalibExperts(std::unique_ptr<MoeExperts> inner, std::vector<MlpWeights> weights)
+      : inner_(std::move(inner)), weights_(std::move(weights)) {}
+  int64_t n_experts() const override { return inner_->n_experts(); }
+  const MoeExperts& inner() const { return *inner_; }
+  const std::vector<MlpWeights>& weights() const { return weights_; }
+
+ private:
+  std::unique_ptr<MoeExperts> inner_;
+  std::vector<MlpWeights> weights_;
+};
+
+// Forwards every call to the inner backend and records, per weight (keyed by the address of
+// its data), the largest |input| any linear or expert MLP received.
+class CalibratingBackend : public Backend {
+ public:
+  explicit CalibratingBackend(std::unique_ptr<Backend> inner) : in_(std::move(inner)) {}
+  const std::map<const void*, float>& amax() const { return amax_; }
+
+  Device device() const override { return in_->device(); }
+  std::string name() const override { return in_->name() + " (calibrating)"; }
+  Context& context() override { return in_->context(); }
+  DType activation_dtype() const override { return in_->activation_dtype(); }
+  std::unique_ptr<ops::Buffer> alloc(DType dtype, Shape shape) override {
+    return in_->alloc(dtype, shape);
+  }
+  void copy_from_host(TensorView dst, const void* src) override { in_->copy_from_host(dst, src); }
+  void copy_to_host(void* dst, TensorView src) override { in_->copy_to_host(dst, src); }
+  void fill_zero(TensorView dst) override { in_->fill_zero(dst); }
+  LinearWeight upload(const LinearWeight& host) override { return in_->upload(host); }
+  TensorView upload(TensorView host) override { return in_->upload(host); }
+  std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts) override {
+    return std::make_unique<CalibExperts>(in_->prepare_experts(experts), experts);
+  }
+  void synchronize() override { in_->synchronize(); }
+
+  void embedding(const Context& c, TensorView table, TensorView ids, TensorView out) override {
+    in_->embedding(c, table, ids, out);
+  }
+  void rms_norm(const Context& c, TensorView x, TensorView w, float eps, TensorView out) override {
+    in_->rms_norm(c, x, w, eps, out);
+  }
+  void layer_norm(const Context& c, TensorView x, TensorView w, TensorView b, float eps,
+                  TensorView out) override {
+    in_->layer_norm(c, x, w, b, eps, out);
+  }
+  void linear(const Context& c, TensorView x, const LinearWeight& w, TensorView out) override {
+    record(w, activation_amax(*in_, x));
+    in_->linear(c, x, w, out);
+  }
+  void rope(const Context& c, TensorView x, TensorView pos, const ops::RopeSpec& r) override {
+    in_->rope(c, x, pos, r);
+  }
+  void kv_write(const Context& c, TensorView k, TensorView v, const ops::AttentionBatch& b,
+                const ops::KvCacheLayer& cache) override {
+    in_->kv_write(c, k, v, b, cache);
+  }
+  void cache_write(const Context& c, TensorView rows, const ops::AttentionBatch& b,
+                   TensorView cache) override {
+    in_->cache_write(c, rows, b, cache);
+  }
+  void attention(const Context& c, TensorView q, const ops::KvCacheLayer& cache,
+                 const ops::AttentionBatch& b, float scale, TensorView out) override {
+    in_->attention(c, q, cache, b, scale, out);
+  }
+  void mla_attention(const Context& c, TensorView ql, TensorView qr, const ops::KvCacheLayer& cache,
+                     const ops::AttentionBatch& b, float scale, TensorView selected,
+                     TensorView out) override {
+    in_->mla_attention(c, ql, qr, cache, b, scale, selected, out);
+  }
+  void dsa_select(const Context& c, TensorView q, TensorView w, const ops::KvCacheLayer& cache,
+                  const ops::AttentionBatch& b, float q_scale, float w_scale,
+                  TensorView selected) override {
+    in_->dsa_select(c, q, w, cache, b, q_scale, w_scale, selected);
+  }
+  void head_linear(const Context& c, TensorView x, const LinearWeight& w, int64_t head_stride,
+                   int64_t row0, int64_t n_rows, bool transposed, TensorView out) override {
+    in_->head_linear(c, x, w, head_stride, row0, n_rows, transposed, out);
+  }
+  void copy_columns(const Context& c, TensorView src, int64_t s0, TensorView dst, int64_t d0,
+                    int64_t n) override {
+    in_->copy_columns(c, src, s0, dst, d0, n);
+  }
+  void silu_mul(const Context& c, TensorView g, TensorView u, TensorView out) override {
+    in_->silu_mul(c, g, u, out);
+  }
+  void add(const Context& c, TensorView a, TensorView b, TensorView out) override {
+    in_->add(c, a, b, out);
+  }
+  void route(const Context& c, TensorView logits, const ops::RoutingSpec& spec, TensorView ids,
+             TensorView weights) override {
+    in_->route(c, logits, spec, ids, weights);
+  }
+  void moe_experts(const Context& c, TensorView x, TensorView ids, TensorView weights,
+                   const MoeExperts& experts, TensorView out) override {
+    const auto& ce = static_cast<const CalibExperts&>(experts);
+    // ModelOpt's calibration sends every token to every expert: gate and up all see x, and
+    // each expert's down_proj sees silu(x Wg^T) * (x Wu^T) for every token.
+    const float x_amax = activation_amax(*in_, x);
+    const int64_t n_tokens = x.dim(0);
+    for (const MlpWeights& e : ce.weights()) {
+      record(e.gate, x_amax);
+      record(e.up, x_amax);
+      auto g = in_->alloc(in_->activation_dtype(), {n_tokens, e.gate.n_out});
+      auto u = in_->alloc(in_->activation_dtype(), {n_tokens, e.up.n_out});
+      in_->linear(c, x, e.gate, g->view());
+      in_->linear(c, x, e.up, u->view());
+      in_->silu_mul(c, g->view(), u->view(), g->view());
+      record(e.down, activation_amax(*in_, g->view()));
+    }
+    in_->moe_experts(c, x, ids, weights, ce.inner(), out);
+  }
+  void gather_rows(const Context& c, TensorView x, TensorView rows, TensorView out) override {
+    in_->gather_rows(c, x, rows, out);
+  }
+
+ private:
+  void record(const LinearWeight& w, float a) {
+    float& slot = amax_[w.weight.data];
+    slot = std::max(slot, a);
+  }
+
+  std::unique_ptr<Backend> in_;
+  std::map<const void*, float> amax_;
+};
+
+// Which checkpoint tensor a weight address belongs to. The CPU backend keeps views of the
+// model's own mapping of the safetensors files, which this process sees in /proc/self/maps:
+// address -> (file, file offset) -> the tensor whose data starts there.
+class AddressNames {
+ public:
+  explicit AddressNames(const fs::path& dir) {
+    auto ckpt = Checkpoint::open(dir);
+    std::map<std::string, uint64_t> data_offset;  // canonical file -> start of its data
+    for (const std::string& name : ckpt->names()) {
+      const std::string file = fs::canonical(ckpt->file_of(name)).string();
+      if (!data_offset.count(file))
+        data_offset[file] = SafetensorsFile::open(file)->data_offset();
+      names_[{file, data_offset[file] + ckpt->find(name)->begin}] = name;
+    }
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+      std::istringstream in(line);
+      std::string range, perms, offset, dev, inode, path;
+      in >> range >> perms >> offset >> dev >> inode;
+      std::getline(in >> std::ws, path);
+      if (path.empty() || path[0] != '/') continue;
+      const size_t dash = range.find('-');
+      Mapping m;
+      m.start = std::stoull(range.substr(0, dash), nullptr, 16);
+      m.end = std::stoull(range.substr(dash + 1), nullptr, 16);
+      m.offset = std::stoull(offset, nullptr, 16);
+      m.path = path;
+      maps_.push_back(m);
+    }
+  }
+
+  // The tensor name, or "" when the address is not the start of a tensor in a mapped file.
+  std::string name_of(const void* p) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    for (const Mapping& m : maps_) {
+      if (a < m.start || a >= m.end) continue;
+      auto it = names_.find({m.path, m.offset + (a - m.start)});
+      return it == names_.end() ? "" : it->second;
+    }
+    return "";
+  }
+
+ private:
+  struct Mapping {
+    uintptr_t start = 0, end = 0;
+    uint64_t offset = 0;
+    std::string path;
+  };
+  std::map<std::pair<std::string, uint64_t>, std::string> names_;
+  std::vector<Mapping> maps_;
+};
+
+}  // namespace
+
+std::map<std::string, float> calibrate_input_amax(const fs::path& model_dir,
+                                                  const std::vector<int32_t>& tokens,
+                                                  const CalibrateOptions& options) {
+  TETRA_CHECK(!tokens.empty(), "the calibration text has no tokens");
+  CalibratingBackend backend(ops::make_cpu_backend(options.n_threads));
+  auto model = model::load_model(model_dir, backend);
+  const ModelConfig& c = model->config();
+  for (int32_t t : tokens)
+    TETRA_CHECK(t >= 0 && t < c.vocab_size, "calibration token id ", t,
+                " is outside the vocabulary of ", c.vocab_size);
+  const int64_t window = std::max<int64_t>(1, std::min(options.window, c.max_position_embeddings));
+  const int block_size = 16;
+  const int64_t n = int64_t(tokens.size());
+  auto logits = backend.alloc(DType::F32, {1, c.vocab_size});
+  for (int64_t w0 = 0; w0 < n; w0 += window) {
+    const int64_t len = std::min(window, n - w0);
+    const int64_t n_blocks = (len + block_size - 1) / block_size;
+    KvCache cache(backend, model->kv_layout(), block_size, n_blocks);
+    std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
+    for (int64_t b = 0; b < n_blocks; ++b) blocks[size_t(b)] = int32_t(b);
+    StepBuilder builder(backend, block_size);
+    const std::span<const int32_t> win(tokens.data() + w0, size_t(len));
+    model->forward(builder.build({SeqChunk{.tokens = win, .start_position = 0, .blocks = blocks}}),
+                   cache.layers(), logits->view());
+    if (options.on_progress) options.on_progress(w0 + len, n);
+  }
+  const AddressNames names(model_dir);
+  std::map<std::string, float> out;
+  for (const auto& [address, amax] : backend.amax()) {
+    const std::string name = names.name_of(address);
+    TETRA_CHECK(!name.empty(), model_dir.string(),
+                ": calibration could not tell which checkpoint tensor a weight came from "
+                "(the backend must keep views of the mapped safetensors files)");
+    TETRA_CHECK(name.ends_with(".weight"), model_dir.string(), ": calibrated tensor ", name,
+                " is not a linear weight");
+    out[name.substr(0, name.size() - 7)] = amax;
+  }
+  return out;
+}
+
+}  // namespace tetra::runtime
