@@ -35,6 +35,11 @@ void Scheduler::preempt(Request* request) {
   ++stats_.preemptions;
 }
 
+int64_t Scheduler::blocks_to_next_token(const Request& r) const {
+  // The uncomputed tokens plus the one to be sampled after them.
+  return std::max<int64_t>(0, blocks_.blocks_for(r.n_tokens() + 1) - int64_t(r.table.blocks.size()));
+}
+
 std::vector<ScheduledChunk> Scheduler::schedule() {
   std::vector<ScheduledChunk> out;
   int64_t budget = config_.chunked_prefill_size;
@@ -66,6 +71,11 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     if (!decode) budget -= n;
     ++i;
   }
+  // Blocks the running requests still need to reach their next token (the rest of a prompt,
+  // or a decode crossing into a new block): kept out of admission, so that a request is not
+  // admitted only to preempt itself or a neighbour on the next step.
+  int64_t promised = 0;
+  for (const Request* r : running_) promised += blocks_to_next_token(*r);
 
   // Then queued requests, in order, while slots, prefill budget and blocks last. Admission
   // never preempts: a request that does not fit waits for blocks to be freed.
@@ -78,11 +88,14 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     r->n_computed = matched * bs;
     const int64_t n = std::min(r->n_uncomputed(), budget);
     const int64_t need = blocks_.blocks_for(r->n_computed + n) - int64_t(r->table.blocks.size());
-    if (!blocks_.allocate(need, r->table)) {
+    const int64_t whole = blocks_to_next_token(*r);
+    if (!blocks_.can_allocate(promised + whole)) {
       blocks_.release(r->table);
       r->n_computed = 0;
       break;
     }
+    blocks_.allocate(need, r->table);
+    promised += whole - need;
     waiting_.pop_front();
     if (r->preemptions == 0) {
       r->cached_prompt_tokens = r->n_computed;

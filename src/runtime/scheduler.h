@@ -55,6 +55,7 @@ class Scheduler {
 
  private:
   void preempt(Request* request);
+  int64_t blocks_to_next_token(const Request& r) const;
   void insert_running(Request* request);
 
   SchedulerConfig config_;

@@ -180,6 +180,7 @@ TEST(Engine, PreemptionByRecomputeKeepsGreedyTokens) {
   runtime::EngineStats s;
   run_batch_and_compare(m, c, requests, &s);
   EXPECT_GT(s.preemptions, 0);
+  std::printf("%lld preemptions, %lld steps\n", (long long)s.preemptions, (long long)s.steps);
 }
 
 TEST(Engine, ContinuousDecodeStepsGiveTheSameTokens) {
@@ -288,6 +289,8 @@ TEST(Engine, EverythingAtOnceKeepsGreedyTokens) {
     expect_matches_generate(m, requests[i], got, "request " + std::to_string(i));
   }
   const auto s = engine.stats();
+  std::printf("%lld preemptions, %lld steps, %lld prefix-hit tokens\n", (long long)s.preemptions,
+              (long long)s.steps, (long long)s.prefix_cache_hit_tokens);
   EXPECT_GT(s.preemptions, 0);
   EXPECT_GT(s.prefix_cache_hit_tokens, 0);
   EXPECT_EQ(s.kv_blocks_used, 0);
