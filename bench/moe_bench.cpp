@@ -168,7 +168,7 @@ nlohmann::json to_json(const Row& r) {
                    {"distinct_experts", r.distinct}, {"nvfp4", stats(r.nvfp4)},
                    {"bytes", r.bytes}, {"flops", r.flops}, {"effective_gbps", r.bytes / s * 1e-9},
                    {"floor_us", r.floor_us}, {"pct_of_floor", 100.0 * r.floor_us / r.nvfp4.median_us},
-                   {"tflops", r.flops / s * 1e-12}, {"config", r.config}};
+                   {"tflops", r.flops / s * 1e-12}, {"config", r.config}, {"why", r.why}};
   if (r.bf16.median_us > 0) j["bf16_cublas"] = stats(r.bf16);
   for (const auto& [tile, st] : r.sweep) j["sweep"][std::to_string(tile)] = stats(st);
   return j;
@@ -272,12 +272,21 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
           }));
         return time_graphs(stream, graphs, opt.iters);
       };
-      ops::cuda::MoeConfig cfg = opt.tile_tokens ? ops::cuda::MoeConfig{opt.tile_tokens}
-                                                 : ops::cuda::pick_moe_config(ctx, *fp4[0], T, k);
+      ops::cuda::MoeConfig cfg;
+      if (opt.tile_tokens) {
+        cfg.tile_tokens = opt.tile_tokens;
+        cfg.why = "forced by --tile";
+      } else {
+        // First use outside capture: the tuner times its candidates (or finds them cached).
+        ops::cuda::moe_experts(ctx, v_x, v_ids, v_w, *fp4[0], v_out);
+        TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        cfg = ops::cuda::pick_moe_config(ctx, *fp4[0], T, k);
+      }
       r.config = cfg.str();
+      r.why = cfg.why;
       r.nvfp4 = time_fp4(cfg);
       if (opt.sweep_tiles)
-        for (int tile : {8, 16, 32}) r.sweep.push_back({tile, time_fp4(ops::cuda::MoeConfig{tile})});
+        for (int tile : {8, 16, 32, 64}) r.sweep.push_back({tile, time_fp4(ops::cuda::MoeConfig{tile, false, "sweep"})});
 
       if (opt.baseline) {
         const HostGrouping grouping = group_by_expert(hids, T, k, E, ms.shared_expert);
@@ -301,6 +310,7 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
         json_rows.push_back(to_json(r));
       } else {
         print_row(r);
+        if (opt.verbose) std::printf("%-11s   config: %s (%s)\n", "", r.config.c_str(), r.why.c_str());
         std::fflush(stdout);
       }
     }

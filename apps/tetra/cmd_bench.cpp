@@ -37,8 +37,8 @@ int bench_moe(int argc, char** argv) {
   app.add_option("--routing", routing, "comma-separated routings: uniform, skewed");
   app.add_option("--iters", iters, "timed runs per measurement (at least 20 for published numbers)")
       ->check(CLI::Range(1, 10000));
-  app.add_option("--tile", tile, "force the GEMM tile width in tokens (8, 16, 32)")
-      ->check(CLI::IsMember({0, 8, 16, 32}));
+  app.add_option("--tile", tile, "force the GEMM tile width in tokens (8, 16, 32, 64)")
+      ->check(CLI::IsMember({0, 8, 16, 32, 64}));
   app.add_flag("--sweep", sweep, "also time every tile width and print each");
   app.add_flag("--no-baseline", no_baseline, "skip the BF16 cuBLAS baseline");
   app.add_flag("--json", json, "print one JSON object on stdout");
@@ -74,6 +74,14 @@ int bench_moe(int argc, char** argv) {
 #endif
 }
 
+}  // namespace
+
+#ifdef TETRA_HAVE_SERVER
+int cmd_bench_serving(int argc, char** argv);  // cmd_bench_serving.cpp
+#endif
+
+namespace {
+
 struct Sub {
   const char* name;
   const char* summary;
@@ -82,6 +90,9 @@ struct Sub {
 
 const Sub kSubs[] = {
     {"moe", "the MoE layer on the GPU: NVFP4 against BF16 cuBLAS", bench_moe},
+#ifdef TETRA_HAVE_SERVER
+    {"serving", "an OpenAI-compatible server under random load (SGLang's bench_serving)", cmd_bench_serving},
+#endif
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Host side of the CUDA MoE layer: argument checks, scratch layout, and the launch sequence
 // route -> permute -> gate/up (+SiLU) -> down -> combine. No host synchronization.
 #include <algorithm>
+#include <cstdlib>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/moe_internal.h"
@@ -86,15 +87,100 @@ void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, Tenso
                spec, bias, ids.as<int>(), weights.as<float>());
 }
 
-MoeConfig pick_moe_config(const Context&, const MoeExperts& experts, int64_t n_tokens, int top_k) {
-  const auto& ex = as_cuda(experts);
+namespace {
+
+MoeConfig heuristic_config(const CudaMoeExperts& ex, int64_t n_tokens, int top_k) {
   // Tokens an active expert sees on average under uniform routing. A wider tile decodes each
-  // weight once for more tokens; a narrower one wastes fewer MMA columns on empty slots.
+  // weight once for more tokens; a narrower one wastes fewer MMA columns on empty slots and
+  // splits K inside the block (tiles 8 and 16). Thresholds from the H200 sweep in docs/PERF.md.
   const int64_t rows = n_tokens * (top_k + (ex.shape.shared_expert ? 1 : 0));
   const double per_expert = double(rows) / double(std::min<int64_t>(ex.n_stored(), rows));
   MoeConfig c;
-  c.tile_tokens = per_expert <= 6 ? 8 : per_expert <= 14 ? 16 : 32;
+  c.tile_tokens = per_expert <= 6 ? 8 : per_expert <= 12 ? 16 : per_expert <= 48 ? 32 : 64;
+  c.why = str_cat("heuristic: ", per_expert, " tokens per active expert");
   return c;
+}
+
+std::string tune_key(const Context& ctx, const CudaMoeExperts& ex, int64_t n_tokens, int top_k) {
+  std::string gpu = ctx.props ? ctx.props->name : std::string();
+  if (gpu.empty()) {
+    int dev = 0;
+    cudaDeviceProp p{};
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess) gpu = p.name;
+  }
+  return str_cat(gpu, "|", ex.format == WeightFormat::Nvfp4 ? "nvfp4" : "bf16", "|H", ex.shape.hidden,
+                 "|I", ex.shape.intermediate, "|E", ex.n_stored(), "|k", top_k, "|T",
+                 moe_token_bucket(n_tokens));
+}
+
+bool autotune_enabled(cudaStream_t stream) {
+  if (const char* v = std::getenv("TETRA_MOE_AUTOTUNE"); v && std::string(v) == "0") return false;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  TETRA_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+  return st == cudaStreamCaptureStatusNone;
+}
+
+void enqueue_layer(cudaStream_t stream, const CudaMoeExperts& ex, TensorView x, TensorView ids,
+                   TensorView weights, TensorView out, const MoeScratch& s, int tile_tokens) {
+  const int64_t T = x.dim(0);
+  const int top_k = int(ids.dim(1));
+  launch_permute(stream, ids.as<const int>(), int(T), top_k, ex.shape.n_experts,
+                 ex.shape.shared_expert, tile_tokens, s);
+  launch_gate_up(stream, ex, x.as<const uint16_t>(), s, tile_tokens);
+  launch_down(stream, ex, s, tile_tokens);
+  launch_combine(stream, s.y, s.pos, weights.as<const float>(), int(T), top_k,
+                 ex.shape.shared_expert, int(ex.shape.hidden), out.as<uint16_t>());
+}
+
+// Times the heuristic's tile and its neighbours on this call's inputs (one warm-up, best of
+// three) and records the fastest. Leaves `out` holding a correct result.
+MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, TensorView ids,
+               TensorView weights, TensorView out, const std::string& key) {
+  const int64_t T = x.dim(0);
+  const int top_k = int(ids.dim(1));
+  const int tiles[] = {8, 16, 32, 64};
+  const int h = heuristic_config(ex, T, top_k).tile_tokens;
+  auto stream = static_cast<cudaStream_t>(ctx.stream);
+  cudaEvent_t e0, e1;
+  TETRA_CUDA_CHECK(cudaEventCreate(&e0));
+  TETRA_CUDA_CHECK(cudaEventCreate(&e1));
+  MoeConfig best;
+  float best_ms = 0;
+  std::string report;
+  for (int i = 0; i < 4; ++i) {
+    const int hi = h == 8 ? 0 : h == 16 ? 1 : h == 32 ? 2 : 3;
+    if (i < hi - 1 || i > hi + 1) continue;  // the heuristic's neighbours only
+    const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, tiles[i]);
+    enqueue_layer(stream, ex, x, ids, weights, out, s, tiles[i]);
+    float ms = 1e30f;
+    for (int r = 0; r < 3; ++r) {
+      TETRA_CUDA_CHECK(cudaEventRecord(e0, stream));
+      enqueue_layer(stream, ex, x, ids, weights, out, s, tiles[i]);
+      TETRA_CUDA_CHECK(cudaEventRecord(e1, stream));
+      TETRA_CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      TETRA_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms = std::min(ms, t);
+    }
+    report += str_cat(report.empty() ? "" : ", ", "tile ", tiles[i], " ", int(ms * 1000), " us");
+    if (best.tile_tokens == 0 || ms < best_ms) best.tile_tokens = tiles[i], best_ms = ms;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  best.why = str_cat("fastest at T=", T, " of ", report);
+  ex.tuner->store(key, best);
+  // Leave the chosen configuration's result in `out` (the last run was another tile's).
+  const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, best.tile_tokens);
+  enqueue_layer(stream, ex, x, ids, weights, out, s, best.tile_tokens);
+  return *ex.tuner->find(key);
+}
+
+}  // namespace
+
+MoeConfig pick_moe_config(const Context& ctx, const MoeExperts& experts, int64_t n_tokens, int top_k) {
+  const auto& ex = as_cuda(experts);
+  if (auto c = ex.tuner->find(tune_key(ctx, ex, n_tokens, top_k))) return *c;
+  return heuristic_config(ex, n_tokens, top_k);
 }
 
 void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
@@ -111,18 +197,19 @@ void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView we
   TETRA_CHECK(top_k >= 1 && top_k <= ex.shape.n_experts, "moe: top_k must be in 1..E");
   if (T == 0) return;
   TETRA_CHECK(T * (top_k + 1) < (int64_t(1) << 31), "moe: too many tokens for one call");
-  if (config.tile_tokens == 0) config = pick_moe_config(ctx, experts, T, top_k);
-  const int64_t need = moe_scratch_bytes(ex, T, top_k, config.tile_tokens);
+  const int64_t need = moe_workspace_bytes(experts, T, top_k);
   TETRA_CHECK(ctx.workspace.data && ctx.workspace.bytes >= need, "moe: the workspace holds ",
               ctx.workspace.bytes, " bytes, ", need, " are needed (moe_workspace_bytes)");
-  const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, config.tile_tokens);
   auto stream = static_cast<cudaStream_t>(ctx.stream);
-  launch_permute(stream, ids.as<const int>(), int(T), top_k, ex.shape.n_experts,
-                 ex.shape.shared_expert, config.tile_tokens, s);
-  launch_gate_up(stream, ex, x.as<const uint16_t>(), s, config.tile_tokens);
-  launch_down(stream, ex, s, config.tile_tokens);
-  launch_combine(stream, s.y, s.pos, weights.as<const float>(), int(T), top_k,
-                 ex.shape.shared_expert, int(H), out.as<uint16_t>());
+  if (config.tile_tokens == 0) {
+    config = pick_moe_config(ctx, experts, T, top_k);
+    if (!config.tuned && autotune_enabled(stream)) {
+      tune(ctx, ex, x, ids, weights, out, tune_key(ctx, ex, T, top_k));
+      return;  // tune() leaves the result in out
+    }
+  }
+  const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, config.tile_tokens);
+  enqueue_layer(stream, ex, x, ids, weights, out, s, config.tile_tokens);
 }
 
 }  // namespace tetra::ops::cuda

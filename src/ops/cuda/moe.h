@@ -44,7 +44,9 @@ void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, Tenso
 
 // How the expert GEMMs run; chosen per (shape, token bucket) unless forced.
 struct MoeConfig {
-  int tile_tokens = 0;  // tokens per work item: 8, 16 or 32 (the MMA's N, times 1, 2 or 4)
+  int tile_tokens = 0;  // tokens per work item: 8, 16, 32 or 64 (the MMA's N times 1..8)
+  bool tuned = false;   // chosen by timing (else by the heuristic or forced)
+  std::string why;      // what chose it, for --verbose
   std::string str() const;
 };
 
@@ -56,7 +58,10 @@ int64_t moe_workspace_bytes(const MoeExperts& experts, int64_t n_tokens, int top
 void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
                  const MoeExperts& experts, TensorView out, MoeConfig config = {});
 
-// The configuration moe_experts would pick for T tokens (the tuner's choice or heuristic).
+// The configuration moe_experts would pick for T tokens: the tuner's choice for this GPU, shape
+// and token bucket if it has one, else the heuristic. moe_experts with config.tile_tokens = 0
+// tunes on first use (timing the candidates on its inputs, outside stream capture) unless the
+// environment sets TETRA_MOE_AUTOTUNE=0.
 MoeConfig pick_moe_config(const Context& ctx, const MoeExperts& experts, int64_t n_tokens, int top_k);
 
 }  // namespace tetra::ops::cuda

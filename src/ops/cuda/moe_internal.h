@@ -4,8 +4,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "ops/cuda/moe.h"
+#include "ops/cuda/moe_tune.h"
 
 namespace tetra::ops::cuda {
 
@@ -35,6 +37,8 @@ class CudaMoeExperts final : public MoeExperts {
   uint8_t* w13_scale = nullptr;  // Nvfp4: E4M3 [E', 2I, H/16]
   uint8_t* w2_scale = nullptr;   // Nvfp4: E4M3 [E', H, I/16]
   float* global_scale = nullptr; // [E', 3]: gate, up, down (1 for Dense)
+  // Tuned configurations (shared through the cache file by every layer of one shape).
+  std::unique_ptr<MoeTuner> tuner;
 
   int64_t w13_expert_bytes() const;
   int64_t w2_expert_bytes() const;

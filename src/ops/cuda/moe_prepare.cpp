@@ -24,6 +24,7 @@ CudaMoeExperts::CudaMoeExperts(const MoeShape& s, WeightFormat f) : shape(s), fo
     TETRA_CUDA_CHECK(cudaMalloc(&w2_scale, n * w2_scale_expert_bytes()));
   }
   TETRA_CUDA_CHECK(cudaMalloc(&global_scale, n * 3 * sizeof(float)));
+  tuner = std::make_unique<MoeTuner>(moe_tune_cache_path());
 }
 
 CudaMoeExperts::~CudaMoeExperts() {

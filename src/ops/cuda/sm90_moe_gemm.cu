@@ -24,10 +24,12 @@ namespace {
 constexpr int kWarps = 4;  // warps per block; each owns a 16-row weight tile (x2 matrices)
 static_assert(kMoeChunkK == 4 * 32, "a chunk is 4 lanes x 32 values along K");
 
-// Weights are read once per work item: don't let them push the activations out of L1.
+// Weights are read once per work item: don't let them push the activations out of L1. Each
+// load takes 64 bytes of a row and the next chunks continue along it, so ask L2 to fetch the
+// surrounding 256 bytes from DRAM at once.
 __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
@@ -79,48 +81,47 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int w) {
   return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
 }
 
-// One stage of the register pipeline: a lane's share of one 128-wide K chunk.
-template <bool kFp4, int kMT, int kNT>
+// One stage of the register pipeline: a lane's share of the weights of one 128-wide K chunk.
+// Activations are not staged: they are L1/L2 hits, loaded next to their use, which keeps the
+// registers (and so the warps per SM that hide the weight stream's latency) in budget.
+template <bool kFp4, int kMT>
 struct Stage {
   static constexpr int kVecPerRow = kFp4 ? 1 : 4;  // 16-byte vectors per row per lane
   uint4 a[kMT][2][kVecPerRow];                     // rows g and g+8 of each tile
   uint32_t s[kMT][2];                              // two E4M3 scales (Nvfp4 only)
-  uint4 b[kNT][4];                                 // 32 bf16 activations of token g (+8n)
 };
 
 // A warp's view of its operands: row pointers already offset to the lane's share.
+// Rows g and g+8 of a tile are 8 rows apart: one pointer and one stride each saves registers.
 template <int kMT, int kNT>
 struct WarpOperands {
-  const uint8_t* a[kMT][2];
-  const uint8_t* s[kMT][2];
+  const uint8_t* a[kMT];   // row g of each tile
+  const uint8_t* s[kMT];   // its scales (Nvfp4 only)
+  int a_stride8, s_stride8;  // bytes from row g to row g+8
   const uint16_t* b[kNT];  // null where the token slot is empty
 };
 
 template <bool kFp4, int kMT, int kNT>
-__device__ __forceinline__ void load_stage(Stage<kFp4, kMT, kNT>& st,
-                                           const WarpOperands<kMT, kNT>& op, int chunk) {
+__device__ __forceinline__ void load_stage(Stage<kFp4, kMT>& st, const WarpOperands<kMT, kNT>& op,
+                                           int chunk) {
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      const uint8_t* a = op.a[m] + r * op.a_stride8;
       if constexpr (kFp4) {
-        st.a[m][r][0] = ld_stream_v4(op.a[m][r] + chunk * 64);
-        st.s[m][r] = ld_stream_u16(op.s[m][r] + chunk * 8);
+        st.a[m][r][0] = ld_stream_v4(a + chunk * 64);
+        st.s[m][r] = ld_stream_u16(op.s[m] + r * op.s_stride8 + chunk * 8);
       } else {
 #pragma unroll
-        for (int v = 0; v < 4; ++v) st.a[m][r][v] = ld_stream_v4(op.a[m][r] + chunk * 256 + 16 * v);
+        for (int v = 0; v < 4; ++v) st.a[m][r][v] = ld_stream_v4(a + chunk * 256 + 16 * v);
       }
     }
-#pragma unroll
-  for (int n = 0; n < kNT; ++n)
-#pragma unroll
-    for (int v = 0; v < 4; ++v)
-      st.b[n][v] = op.b[n] ? __ldg(reinterpret_cast<const uint4*>(op.b[n] + chunk * 128) + v)
-                           : make_uint4(0, 0, 0, 0);
 }
 
 template <bool kFp4, int kMT, int kNT>
-__device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT, kNT>& st,
+__device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT>& st,
+                                              const WarpOperands<kMT, kNT>& op, int chunk,
                                               float (&acc)[kMT][kNT][4]) {
   uint32_t sc[kMT][2][2];
   if constexpr (kFp4) {
@@ -132,6 +133,11 @@ __device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT, kNT>& st,
   // Word w of the lane's 32 values holds values 8w..8w+7: k-steps 2w and 2w+1.
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
+    uint4 b[kNT];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+      b[n] = op.b[n] ? __ldg(reinterpret_cast<const uint4*>(op.b[n] + chunk * 128) + w)
+                     : make_uint4(0, 0, 0, 0);
     uint32_t a[2][kMT][4];  // [k-step][tile][mma A register]
 #pragma unroll
     for (int m = 0; m < kMT; ++m)
@@ -153,20 +159,19 @@ __device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT, kNT>& st,
         }
       }
 #pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-      const uint4 b = st.b[n][w];
+    for (int n = 0; n < kNT; ++n)
 #pragma unroll
       for (int m = 0; m < kMT; ++m) {
-        mma_bf16_16x8x16(acc[m][n], a[0][m][0], a[0][m][1], a[0][m][2], a[0][m][3], b.x, b.y);
-        mma_bf16_16x8x16(acc[m][n], a[1][m][0], a[1][m][1], a[1][m][2], a[1][m][3], b.z, b.w);
+        mma_bf16_16x8x16(acc[m][n], a[0][m][0], a[0][m][1], a[0][m][2], a[0][m][3], b[n].x, b[n].y);
+        mma_bf16_16x8x16(acc[m][n], a[1][m][0], a[1][m][1], a[1][m][2], a[1][m][3], b[n].z, b[n].w);
       }
-    }
   }
 }
 
-// The main loop: kS stages in flight, so each lane has kS * kMT * 2 weight loads pending.
+// The main loop over chunks [c_begin, c_end): kS stages in flight, so each lane has
+// (kS - 1) * kMT * 2 weight loads pending while it computes.
 template <bool kFp4, int kMT, int kNT, int kS>
-__device__ __forceinline__ void gemm_warp(const WarpOperands<kMT, kNT>& op, int n_chunks,
+__device__ __forceinline__ void gemm_warp(const WarpOperands<kMT, kNT>& op, int c_begin, int c_end,
                                           float (&acc)[kMT][kNT][4]) {
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
@@ -174,16 +179,46 @@ __device__ __forceinline__ void gemm_warp(const WarpOperands<kMT, kNT>& op, int 
     for (int n = 0; n < kNT; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
-  Stage<kFp4, kMT, kNT> st[kS];
+  Stage<kFp4, kMT> st[kS];
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s)
-    if (s < n_chunks) load_stage(st[s], op, s);
-  for (int c = 0; c < n_chunks; c += kS) {
+    if (c_begin + s < c_end) load_stage(st[s], op, c_begin + s);
+  for (int c = c_begin; c < c_end; c += kS) {
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
       const int next = c + s + kS - 1;
-      if (next < n_chunks) load_stage(st[(s + kS - 1) % kS], op, next);
-      if (c + s < n_chunks) compute_stage(st[s], acc);
+      if (next < c_end) load_stage(st[(s + kS - 1) % kS], op, next);
+      if (c + s < c_end) compute_stage(st[s], op, c + s, acc);
+    }
+  }
+}
+
+// Sums the partial accumulators of the kSplit warps that share a tile (each walked its own
+// K range); the warp with kpart 0 ends up with the total. Called by the whole block.
+template <int kMT, int kNT, int kSplit>
+__device__ __forceinline__ void reduce_split_k(float (&acc)[kMT][kNT][4], int kpart, int tile) {
+  if constexpr (kSplit > 1) {
+    constexpr int kTiles = kWarps / kSplit;
+    __shared__ float red[kTiles][kSplit - 1][kMT * kNT * 4][32];
+    const int lane = threadIdx.x & 31;
+    if (kpart > 0) {
+#pragma unroll
+      for (int m = 0; m < kMT; ++m)
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) red[tile][kpart - 1][(m * kNT + n) * 4 + i][lane] = acc[m][n][i];
+    }
+    __syncthreads();
+    if (kpart == 0) {
+#pragma unroll
+      for (int p = 0; p < kSplit - 1; ++p)
+#pragma unroll
+        for (int m = 0; m < kMT; ++m)
+#pragma unroll
+          for (int n = 0; n < kNT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[m][n][i] += red[tile][p][(m * kNT + n) * 4 + i][lane];
     }
   }
 }
@@ -209,14 +244,14 @@ __device__ __forceinline__ void warp_operands(const GemmParams& p, const MoeWork
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const uint8_t* w = p.w + item.expert * p.w_expert_bytes;
   const uint8_t* s = kFp4 ? p.w_scale + item.expert * p.s_expert_bytes : nullptr;
+  op.a_stride8 = int(8 * p.w_row_bytes);
+  op.s_stride8 = int(8 * p.s_row_bytes);
 #pragma unroll
-  for (int m = 0; m < kMT; ++m)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = rows[m] + g + 8 * r;
-      op.a[m][r] = w + row * p.w_row_bytes + (kFp4 ? 16 * t : 64 * t);
-      op.s[m][r] = kFp4 ? s + row * p.s_row_bytes + 2 * t : nullptr;
-    }
+  for (int m = 0; m < kMT; ++m) {
+    const int row = rows[m] + g;
+    op.a[m] = w + row * p.w_row_bytes + (kFp4 ? 16 * t : 64 * t);
+    op.s[m] = kFp4 ? s + row * p.s_row_bytes + 2 * t : nullptr;
+  }
 #pragma unroll
   for (int n = 0; n < kNT; ++n) {
     const int slot = g + 8 * n;
@@ -230,19 +265,41 @@ __device__ __forceinline__ void warp_operands(const GemmParams& p, const MoeWork
   }
 }
 
+// Warps of a block: kWarps / kSplit row tiles, each walked by kSplit warps over a 1/kSplit
+// share of K. Splitting K inside the block keeps the SiLU (which needs the whole sum) in the
+// epilogue while giving few-token batches 4x more, shorter blocks: better balance over the
+// SMs and more weight loads in flight.
+template <int kSplit>
+struct BlockRole {
+  int tile, kpart, c_begin, c_end;
+  __device__ BlockRole(int n_chunks) {
+    const int warp = threadIdx.x >> 5;
+    tile = warp / kSplit;
+    kpart = warp % kSplit;
+    c_begin = n_chunks * kpart / kSplit;
+    c_end = n_chunks * (kpart + 1) / kSplit;
+  }
+};
+
+// Register budgets per token width: 1 and 2 MMA columns fit 4 blocks of 4 warps per SM.
+constexpr int min_blocks(int nt) { return nt == 1 ? 4 : nt == 2 ? 3 : nt == 4 ? 2 : 1; }
+
 // h[row, n] = silu(x W_gate^T) * (x W_up^T) for the tokens of one work item; blockIdx.y
-// picks 64 of the I columns, gate rows and the matching up rows.
-template <bool kFp4, int kNT, int kS>
-__global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(GemmParams p) {
-  if (int(blockIdx.x) >= *p.n_items) return;
+// picks 16 * kWarps / kSplit of the I columns, gate rows and the matching up rows.
+template <bool kFp4, int kNT, int kS, int kSplit>
+__global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(GemmParams p) {
+  if (int(blockIdx.x) >= *p.n_items) return;  // the whole block leaves together
   const MoeWorkItem item = p.items[blockIdx.x];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = (blockIdx.y * kWarps + warp) * 16;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const BlockRole<kSplit> role(p.k / kMoeChunkK);
+  const int n0 = (blockIdx.y * (kWarps / kSplit) + role.tile) * 16;
   const int rows[2] = {n0, p.n + n0};  // gate rows, up rows of w13
   WarpOperands<2, kNT> op;
   warp_operands<kFp4, 2, kNT>(p, item, rows, op);
   float acc[2][kNT][4];
-  gemm_warp<kFp4, 2, kNT, kS>(op, p.k / kMoeChunkK, acc);
+  gemm_warp<kFp4, 2, kNT, kS>(op, role.c_begin, role.c_end, acc);
+  reduce_split_k<2, kNT, kSplit>(acc, role.kpart, role.tile);
+  if (role.kpart != 0) return;
 
   const float unscale = kFp4 ? 256.0f : 1.0f;  // the 2^-8 left in the decoded weights
   const float gs_gate = p.global_scale[item.expert * 3 + 0] * unscale;
@@ -261,18 +318,21 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(GemmParams p) {
     }
 }
 
-// y[row, n] = h W_down^T for the tokens of one work item; each warp owns 32 rows of W_down.
-template <bool kFp4, int kNT, int kS>
-__global__ void __launch_bounds__(kWarps * 32) down_kernel(GemmParams p) {
+// y[row, n] = h W_down^T for the tokens of one work item; each row tile is 32 rows of W_down.
+template <bool kFp4, int kNT, int kS, int kSplit>
+__global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) down_kernel(GemmParams p) {
   if (int(blockIdx.x) >= *p.n_items) return;
   const MoeWorkItem item = p.items[blockIdx.x];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = (blockIdx.y * kWarps + warp) * 32;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const BlockRole<kSplit> role(p.k / kMoeChunkK);
+  const int n0 = (blockIdx.y * (kWarps / kSplit) + role.tile) * 32;
   const int rows[2] = {n0, n0 + 16};
   WarpOperands<2, kNT> op;
   warp_operands<kFp4, 2, kNT>(p, item, rows, op);
   float acc[2][kNT][4];
-  gemm_warp<kFp4, 2, kNT, kS>(op, p.k / kMoeChunkK, acc);
+  gemm_warp<kFp4, 2, kNT, kS>(op, role.c_begin, role.c_end, acc);
+  reduce_split_k<2, kNT, kSplit>(acc, role.kpart, role.tile);
+  if (role.kpart != 0) return;
 
   const float gs = p.global_scale[item.expert * 3 + 2] * (kFp4 ? 256.0f : 1.0f);
 #pragma unroll
@@ -309,28 +369,28 @@ GemmParams base_params(const CudaMoeExperts& ex, const MoeScratch& s, bool gate_
   return p;
 }
 
-template <bool kFp4>
-void launch_gate_up_t(cudaStream_t stream, const GemmParams& p, int tile_tokens, int max_items) {
-  const dim3 grid(max_items, p.n / (16 * kWarps)), block(kWarps * 32);
-  switch (tile_tokens) {
-    case 8: gate_up_kernel<kFp4, 1, kFp4 ? 4 : 2><<<grid, block, 0, stream>>>(p); break;
-    case 16: gate_up_kernel<kFp4, 2, kFp4 ? 3 : 2><<<grid, block, 0, stream>>>(p); break;
-    case 32: gate_up_kernel<kFp4, 4, 2><<<grid, block, 0, stream>>>(p); break;
-    default: fail("moe: tile_tokens must be 8, 16 or 32, not ", tile_tokens);
-  }
-  TETRA_CUDA_CHECK_LAUNCH("moe gate_up");
+// Few tokens a tile: split K 4 ways inside the block (the weight stream is the cost). Many:
+// one row tile per warp, so the 4 warps of a block share their activations through L1.
+template <bool kFp4, int kNT, int kS, int kSplit>
+void launch_pair(cudaStream_t stream, const GemmParams& p, int max_items, bool gate_up) {
+  constexpr int kTileRows = 16 * kWarps / kSplit;  // rows of I (gate/up) or H/2 (down) a block owns
+  const dim3 block(kWarps * 32);
+  if (gate_up)
+    gate_up_kernel<kFp4, kNT, kS, kSplit><<<dim3(max_items, p.n / kTileRows), block, 0, stream>>>(p);
+  else
+    down_kernel<kFp4, kNT, kS, kSplit><<<dim3(max_items, p.n / (2 * kTileRows)), block, 0, stream>>>(p);
+  TETRA_CUDA_CHECK_LAUNCH(gate_up ? "moe gate_up" : "moe down");
 }
 
 template <bool kFp4>
-void launch_down_t(cudaStream_t stream, const GemmParams& p, int tile_tokens, int max_items) {
-  const dim3 grid(max_items, p.n / (32 * kWarps)), block(kWarps * 32);
+void launch_gemm(cudaStream_t stream, const GemmParams& p, int tile_tokens, int max_items, bool gate_up) {
   switch (tile_tokens) {
-    case 8: down_kernel<kFp4, 1, kFp4 ? 4 : 2><<<grid, block, 0, stream>>>(p); break;
-    case 16: down_kernel<kFp4, 2, kFp4 ? 3 : 2><<<grid, block, 0, stream>>>(p); break;
-    case 32: down_kernel<kFp4, 4, 2><<<grid, block, 0, stream>>>(p); break;
-    default: fail("moe: tile_tokens must be 8, 16 or 32, not ", tile_tokens);
+    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, 4>(stream, p, max_items, gate_up); break;
+    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4>(stream, p, max_items, gate_up); break;
+    case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1>(stream, p, max_items, gate_up); break;
+    case 64: launch_pair<kFp4, 8, 2, 1>(stream, p, max_items, gate_up); break;
+    default: fail("moe: tile_tokens must be 8, 16, 32 or 64, not ", tile_tokens);
   }
-  TETRA_CUDA_CHECK_LAUNCH("moe down");
 }
 
 }  // namespace
@@ -341,9 +401,9 @@ void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_
   p.b = x;
   p.b_rows = s.row_token;
   if (ex.format == WeightFormat::Nvfp4)
-    launch_gate_up_t<true>(stream, p, tile_tokens, s.max_items);
+    launch_gemm<true>(stream, p, tile_tokens, s.max_items, true);
   else
-    launch_gate_up_t<false>(stream, p, tile_tokens, s.max_items);
+    launch_gemm<false>(stream, p, tile_tokens, s.max_items, true);
 }
 
 void launch_down(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
@@ -352,9 +412,9 @@ void launch_down(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch
   p.b = s.h;
   p.b_rows = nullptr;
   if (ex.format == WeightFormat::Nvfp4)
-    launch_down_t<true>(stream, p, tile_tokens, s.max_items);
+    launch_gemm<true>(stream, p, tile_tokens, s.max_items, false);
   else
-    launch_down_t<false>(stream, p, tile_tokens, s.max_items);
+    launch_gemm<false>(stream, p, tile_tokens, s.max_items, false);
 }
 
 }  // namespace tetra::ops::cuda

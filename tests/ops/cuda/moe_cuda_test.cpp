@@ -4,9 +4,13 @@
 // with no tokens, all tokens on one expert, top-k equal to the expert count.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <vector>
 
@@ -159,6 +163,8 @@ void run_case(const MoeCase& c) {
     }
   }
 
+  const std::string cache = testing::TempDir() + "tetra_moe_tune_" + std::to_string(getpid()) + ".json";
+  setenv("TETRA_MOE_TUNE_CACHE", cache.c_str(), 1);
   Context ctx;
   std::vector<MlpWeights> views;
   for (const auto& e : experts) views.push_back(e.view());
@@ -173,7 +179,8 @@ void run_case(const MoeCase& c) {
   CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   ctx.workspace = Workspace{ws.p, ws_bytes};
 
-  for (int tile : {8, 16, 32}) {
+  // 0: the tuner's choice (times the candidates on first use, into a test-local cache).
+  for (int tile : {0, 8, 16, 32, 64}) {
     SCOPED_TRACE(testing::Message() << c.name << " tile_tokens=" << tile);
     CK(cudaMemset(dout.p, 0xff, x.size() * 2));  // NaN: every element must be written
     CK(cudaMemset(ws.p, 0xff, size_t(ws_bytes)));
@@ -199,7 +206,14 @@ void run_case(const MoeCase& c) {
       ref2 += r2;
     }
     EXPECT_LT(std::sqrt(err2 / ref2), 1e-2);
+    if (tile == 0) {
+      // The first auto call tuned and recorded its choice; the next one finds it.
+      const MoeConfig picked = pick_moe_config(ctx, *prepared, c.T, c.k);
+      EXPECT_TRUE(picked.tuned) << picked.why;
+      EXPECT_TRUE(std::ifstream(cache).good()) << cache;
+    }
   }
+  std::remove(cache.c_str());
 }
 
 void PrintTo(const MoeCase& c, std::ostream* os) { *os << c.name; }

@@ -1,0 +1,80 @@
+// The MoE tuning cache (see moe_tune.h).
+#include "ops/cuda/moe_tune.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+namespace tetra::ops::cuda {
+
+namespace fs = std::filesystem;
+
+std::string moe_tune_cache_path() {
+  if (const char* p = std::getenv("TETRA_MOE_TUNE_CACHE")) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tetra/moe_tune.json";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/tetra/moe_tune.json";
+  return {};
+}
+
+int moe_token_bucket(int64_t n_tokens) {
+  int b = 1;
+  while (b < n_tokens && b < (1 << 30)) b <<= 1;
+  return b;
+}
+
+MoeTuner::MoeTuner(std::string path) : path_(std::move(path)) { load(); }
+
+void MoeTuner::load() {
+  if (path_.empty() || !fs::exists(path_)) return;
+  try {
+    std::ifstream in(path_);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (const auto& [key, v] : j.at("entries").items()) {
+      MoeConfig c;
+      c.tile_tokens = v.at("tile_tokens").get<int>();
+      c.why = v.value("why", std::string());
+      entries_[key] = c;
+    }
+  } catch (const std::exception& e) {
+    // A damaged cache costs a re-tune, never a failure.
+    entries_.clear();
+  }
+}
+
+void MoeTuner::save() const {
+  if (path_.empty()) return;
+  nlohmann::json j{{"version", 1}, {"entries", nlohmann::json::object()}};
+  for (const auto& [key, c] : entries_) j["entries"][key] = {{"tile_tokens", c.tile_tokens}, {"why", c.why}};
+  std::error_code ec;
+  fs::create_directories(fs::path(path_).parent_path(), ec);
+  // Write then rename, so a reader never sees half a file.
+  const std::string tmp = path_ + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    if (!out) return;  // an unwritable cache only means tuning again after a restart
+    out << j.dump(1) << "\n";
+  }
+  fs::rename(tmp, path_, ec);
+}
+
+std::optional<MoeConfig> MoeTuner::find(const std::string& key) {
+  std::lock_guard lock(mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return std::nullopt;
+  MoeConfig c = it->second;
+  c.tuned = true;
+  c.why = "tuned (" + (path_.empty() ? std::string("in memory") : path_) + "): " + c.why;
+  return c;
+}
+
+void MoeTuner::store(const std::string& key, const MoeConfig& config) {
+  std::lock_guard lock(mu_);
+  load();  // keep what other processes added meanwhile
+  entries_[key] = config;
+  save();
+}
+
+}  // namespace tetra::ops::cuda
