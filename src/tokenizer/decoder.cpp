@@ -1,0 +1,35 @@
+#include "tokenizer/decoder.h"
+
+#include "core/error.h"
+#include "tokenizer/utf8.h"
+
+namespace tetra::tok {
+
+namespace {
+
+std::string repaired(std::string_view bytes) {
+  return utf8_is_valid(bytes) ? std::string(bytes) : utf8_sanitize(bytes);
+}
+
+}  // namespace
+
+std::string IncrementalDecoder::push(TokenId id) {
+  std::optional<std::string_view> bytes = tokenizer_->token_bytes(id);
+  TETRA_CHECK(bytes.has_value(), "token id ", id, " is not in the vocabulary");
+  if (options_.skip_special && tokenizer_->is_special(id)) return {};
+  pending_.append(*bytes);
+  // Everything up to a trailing, still-completable sequence can be released: the repair of
+  // that prefix cannot depend on bytes that have not arrived.
+  size_t keep = utf8_incomplete_tail(pending_);
+  std::string out = repaired(std::string_view(pending_).substr(0, pending_.size() - keep));
+  pending_.erase(0, pending_.size() - keep);
+  return out;
+}
+
+std::string IncrementalDecoder::finish() {
+  std::string out = repaired(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace tetra::tok
