@@ -13,7 +13,6 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 #include "formats/safetensors_internal.h"
@@ -55,7 +54,8 @@ class HeaderSax {
     return scalar("a number");
   }
   bool number_float(Json::number_float_t, const std::string&) {
-    if (state_ == State::Shape) fail_entry("has a shape dimension that is not an integer below 2^64");
+    if (state_ == State::Shape)
+      fail_entry("has a shape dimension that is not an integer below 2^64");
     if (state_ == State::Offsets) fail_entry("has a data offset that is not an integer below 2^64");
     return scalar("a number");
   }
@@ -110,10 +110,14 @@ class HeaderSax {
       return true;
     }
     // State::Entry: exactly these three fields, once each.
-    if (k == "dtype") field_ = Field::Dtype;
-    else if (k == "shape") field_ = Field::Shape;
-    else if (k == "data_offsets") field_ = Field::Offsets;
-    else fail_entry("has the unknown field ", quote_name(k));
+    if (k == "dtype")
+      field_ = Field::Dtype;
+    else if (k == "shape")
+      field_ = Field::Shape;
+    else if (k == "data_offsets")
+      field_ = Field::Offsets;
+    else
+      fail_entry("has the unknown field ", quote_name(k));
     const unsigned bit = 1u << unsigned(field_);
     if (seen_ & bit) fail_entry("repeats the field ", quote_name(k));
     seen_ |= bit;
@@ -221,13 +225,20 @@ bool is_valid_utf8(std::string_view s) {
     }
     int n = 0;
     unsigned lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-    if (c >= 0xc2 && c <= 0xdf) n = 1;
-    else if (c == 0xe0) n = 2, lo = 0xa0;
-    else if (c >= 0xe1 && c <= 0xef) n = 2, hi = c == 0xed ? 0x9f : 0xbf;
-    else if (c == 0xf0) n = 3, lo = 0x90;
-    else if (c >= 0xf1 && c <= 0xf3) n = 3;
-    else if (c == 0xf4) n = 3, hi = 0x8f;
-    else return false;
+    if (c >= 0xc2 && c <= 0xdf)
+      n = 1;
+    else if (c == 0xe0)
+      n = 2, lo = 0xa0;
+    else if (c >= 0xe1 && c <= 0xef)
+      n = 2, hi = c == 0xed ? 0x9f : 0xbf;
+    else if (c == 0xf0)
+      n = 3, lo = 0x90;
+    else if (c >= 0xf1 && c <= 0xf3)
+      n = 3;
+    else if (c == 0xf4)
+      n = 3, hi = 0x8f;
+    else
+      return false;
     if (end - p <= n) return false;
     if (p[1] < lo || p[1] > hi) return false;
     for (int i = 2; i <= n; ++i)
@@ -278,6 +289,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t buffe
     if (tensors[i].name == tensors[i - 1].name)
       fail(source, ": the header has two entries for tensor ", quote_name(tensors[i].name));
 
+  // File order; empty tensors sharing an offset stay in name order, so the result is stable.
   std::stable_sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -288,10 +300,10 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t buffe
     if (t.end < t.begin)
       fail(source, ": tensor ", name, " ends (", t.end, ") before it begins (", t.begin, ")");
     if (t.begin != expected_begin)
-      fail(source, ": tensor ", name, " begins at byte ", t.begin, " of the data but the ",
-           first ? "first tensor must begin at 0"
-                               : str_cat("previous one ends at ", expected_begin),
-           t.begin > expected_begin ? " (a gap)" : " (an overlap)");
+      fail(
+          source, ": tensor ", name, " begins at byte ", t.begin, " of the data but the ",
+          first ? "first tensor must begin at 0" : str_cat("previous one ends at ", expected_begin),
+          t.begin > expected_begin ? " (a gap)" : " (an overlap)");
     const TensorBytes size = safetensors_tensor_bytes(t.dtype, t.shape);
     if (size.overflow)
       fail(source, ": tensor ", name, " has a shape ", t.shape.str(),
@@ -319,8 +331,7 @@ SafetensorsHeader parse_safetensors_bytes(std::string_view bytes, const std::str
     fail(source, ": header length ", n, " exceeds the limit of ", kSafetensorsMaxHeaderBytes,
          " bytes");
   if (n > bytes.size() - 8)
-    fail(source, ": header length ", n, " runs past the end of the ", bytes.size(),
-         "-byte file");
+    fail(source, ": header length ", n, " runs past the end of the ", bytes.size(), "-byte file");
   return parse_safetensors_header(bytes.substr(8, n), bytes.size() - 8 - n, source);
 }
 

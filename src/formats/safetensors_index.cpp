@@ -3,10 +3,9 @@
 // edit, so each is checked to stay inside the model folder before it is opened.
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
-
-#include <nlohmann/json.hpp>
 
 #include "formats/safetensors.h"
 #include "formats/safetensors_internal.h"
@@ -32,7 +31,8 @@ class IndexSax {
   bool string(std::string& v) {
     if (state_ == State::WeightMap) {
       if (v.empty() || v.find('\0') != std::string::npos)
-        fail(source_, ": weight_map gives tensor ", quote_name(name_), " an empty or NUL-bearing file name");
+        fail(source_, ": weight_map gives tensor ", quote_name(name_),
+             " an empty or NUL-bearing file name");
       out_.emplace(std::move(name_), std::move(v));
       return true;
     }
@@ -122,8 +122,7 @@ std::string read_text_file(const fs::path& path, uint64_t max_bytes) {
     fail(path.string(), " is ", size, " bytes, more than the limit of ", max_bytes);
   std::ifstream in(path, std::ios::binary);
   std::string text(size, '\0');
-  if (!in.read(text.data(), std::streamsize(size)))
-    fail("cannot read ", path.string());
+  if (!in.read(text.data(), std::streamsize(size))) fail("cannot read ", path.string());
   return text;
 }
 

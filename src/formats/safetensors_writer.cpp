@@ -7,9 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <set>
-
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "formats/safetensors_internal.h"
 
@@ -38,7 +37,8 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
         fail(file, ": tensor ", name, " has a negative dimension in shape ", decl.shape.str());
     const TensorBytes size = safetensors_tensor_bytes(decl.dtype, decl.shape);
     if (size.overflow)
-      fail(file, ": tensor ", name, " has a shape ", decl.shape.str(), " whose size overflows 64 bits");
+      fail(file, ": tensor ", name, " has a shape ", decl.shape.str(),
+           " whose size overflows 64 bits");
     if (size.misaligned)
       fail(file, ": tensor ", name, " of ", dtype_name(decl.dtype), " shape ", decl.shape.str(),
            " does not end on a byte boundary");
@@ -160,8 +160,8 @@ void SafetensorsWriter::finish() {
 }
 
 std::string safetensors_shard_name(int index, int count) {
-  TETRA_CHECK(1 <= index && index <= count && count <= 99999,
-              "shard ", index, " of ", count, " is not a valid shard number");
+  TETRA_CHECK(1 <= index && index <= count && count <= 99999, "shard ", index, " of ", count,
+              " is not a valid shard number");
   char name[64];
   std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", index, count);
   return name;
@@ -176,8 +176,7 @@ void write_safetensors_index(const std::filesystem::path& path,
         shard.find_first_of(std::string_view("/\0", 2)) != std::string::npos)
       fail(file, ": tensor ", quote_name(name), " maps to ", quote_name(shard),
            ", which is not a plain file name in the model folder");
-  nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
-                          {"weight_map", weight_map}};
+  nlohmann::json index = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
   std::string text;
   try {
     text = index.dump(2) + "\n";

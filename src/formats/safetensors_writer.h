@@ -60,7 +60,7 @@ class SafetensorsWriter {
   std::filesystem::path path_;
   std::vector<TensorInfo> layout_;
   uint64_t data_offset_ = 0, data_bytes_ = 0;
-  size_t cursor_ = 0;        // index in layout_ of the tensor being written
+  size_t cursor_ = 0;          // index in layout_ of the tensor being written
   uint64_t cursor_bytes_ = 0;  // bytes of that tensor written so far
   int fd_ = -1;
   bool broken_ = false;  // a write failed, so the file position is unknown

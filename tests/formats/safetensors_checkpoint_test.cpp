@@ -189,7 +189,8 @@ TEST(Checkpoint, RefusesMalformedIndexes) {
   has(index_error(R"({"weight_map":{},"weight_map":{}})"), "repeats the top-level key");
   // Other keys are skipped whatever they hold, nested or not.
   auto map = parse_safetensors_index(
-      R"({"metadata":{"total_size":1,"x":[[{"a":null}]],"y":{"y":1,"y":2}},"weight_map":{"a":"s"},"z":7})",
+      R"({"metadata":{"total_size":1,"x":[[{"a":null}]],"y":{"y":1,"y":2}},)"
+      R"("weight_map":{"a":"s"},"z":7})",
       src);
   EXPECT_EQ(map.size(), 1u);
   EXPECT_EQ(map.at("a"), "s");

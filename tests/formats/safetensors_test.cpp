@@ -1,7 +1,8 @@
 // The safetensors reader against hand-built files: every rule of the reference reader
 // (FORMATS.md §4, RELIABILITY.md §2.2, case 27) has a file that breaks exactly that rule.
-#include <gtest/gtest.h>
+#include "formats/safetensors.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -11,7 +12,6 @@
 #include <initializer_list>
 #include <string>
 
-#include "formats/safetensors.h"
 #include "safetensors_test_util.h"
 
 namespace tetra {
@@ -73,12 +73,11 @@ TEST(SafetensorsParse, AcceptsEmptyTensorsScalarsAndEmptyHeader) {
 TEST(SafetensorsParse, AcceptsEveryDtypeName) {
   // name, bits; an 8-element tensor keeps the sub-byte types on a byte boundary.
   const std::pair<const char*, int> kTypes[] = {
-      {"BOOL", 8},     {"F4", 4},           {"F6_E2M3", 6},      {"F6_E3M2", 6},
-      {"U8", 8},       {"I8", 8},           {"F8_E5M2", 8},      {"F8_E4M3", 8},
-      {"F8_E8M0", 8},  {"F8_E4M3FNUZ", 8},  {"F8_E5M2FNUZ", 8},  {"I16", 16},
-      {"U16", 16},     {"F16", 16},         {"BF16", 16},        {"I32", 32},
-      {"U32", 32},     {"F32", 32},         {"C64", 64},         {"F64", 64},
-      {"I64", 64},     {"U64", 64}};
+      {"BOOL", 8},        {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"U8", 8},
+      {"I8", 8},          {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"F8_E4M3FNUZ", 8},
+      {"F8_E5M2FNUZ", 8}, {"I16", 16},    {"U16", 16},    {"F16", 16},    {"BF16", 16},
+      {"I32", 32},        {"U32", 32},    {"F32", 32},    {"C64", 64},    {"F64", 64},
+      {"I64", 64},        {"U64", 64}};
   for (auto [name, bits] : kTypes) {
     const int bytes = 8 * bits / 8;
     const std::string json = std::string(R"({"t":{"dtype":")") + name +
@@ -107,16 +106,18 @@ TEST(SafetensorsParse, RejectsShortFilesAndBadHeaderLengths) {
 
 TEST(SafetensorsParse, RejectsInvalidUtf8) {
   for (const std::string& bad : {std::string("\xff"), std::string("\xc0\x80"),  // overlong NUL
-                                std::string("\xed\xa0\x80"),                    // surrogate
-                                std::string("\xf4\x90\x80\x80"),                // past U+10FFFF
-                                std::string("\xe2\x82")}) {                     // truncated
-    const std::string json = "{\"" + bad + "\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}";
+                                 std::string("\xed\xa0\x80"),                   // surrogate
+                                 std::string("\xf4\x90\x80\x80"),               // past U+10FFFF
+                                 std::string("\xe2\x82")}) {                    // truncated
+    const std::string json =
+        "{\"" + bad + "\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}";
     EXPECT_NE(header_error(json, 1).find("not valid UTF-8"), std::string::npos);
   }
   // Multi-byte names that are valid are kept byte for byte.
   const std::string name = "\xe6\x9d\x83\xe9\x87\x8d.\xf0\x9f\x98\x80";
   auto h = parse_safetensors_bytes(
-      image("{\"" + name + "\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", "x"), kSrc);
+      image("{\"" + name + "\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1]}}", "x"),
+      kSrc);
   EXPECT_EQ(h.tensors.at(0).name, name);
 }
 
@@ -152,8 +153,8 @@ TEST(SafetensorsParse, RejectsMetadataThatIsNotAStringMap) {
             std::string::npos);
   EXPECT_NE(header_error(R"({"__metadata__":{"k":["v"]}})", 0).find("instead of a string"),
             std::string::npos);
-  for (const char* json : {R"({"__metadata__":["a"]})", R"({"__metadata__":null})",
-                           R"({"__metadata__":"pt"})"})
+  for (const char* json :
+       {R"({"__metadata__":["a"]})", R"({"__metadata__":null})", R"({"__metadata__":"pt"})"})
     EXPECT_NE(header_error(json, 0).find("__metadata__ is not an object of strings"),
               std::string::npos)
         << json;
@@ -170,7 +171,8 @@ TEST(SafetensorsParse, RejectsBadEntries) {
   has(entry_error(R"({"dtype":"F128","shape":[1],"data_offsets":[0,16]})", 16),
       "unknown dtype 'F128'");
   has(entry_error(R"({"dtype":"bf16","shape":[1],"data_offsets":[0,2]})", 2), "unknown dtype");
-  has(entry_error(R"({"dtype":16,"shape":[1],"data_offsets":[0,2]})", 2), "dtype that is not a string");
+  has(entry_error(R"({"dtype":16,"shape":[1],"data_offsets":[0,2]})", 2),
+      "dtype that is not a string");
   has(entry_error(R"({"shape":[1],"data_offsets":[0,1]})", 1), "has no dtype");
   has(entry_error(R"({"dtype":"U8","data_offsets":[0,1]})", 1), "has no shape");
   has(entry_error(R"({"dtype":"U8","shape":[1]})", 1), "has no data_offsets");
@@ -184,10 +186,12 @@ TEST(SafetensorsParse, RejectsBadEntries) {
       "larger than 2^63-1");
   has(entry_error(R"({"dtype":"U8","shape":["1"],"data_offsets":[0,1]})", 1), "shape entry");
   has(entry_error(R"({"dtype":"U8","shape":[[1]],"data_offsets":[0,1]})", 1), "shape entry");
-  has(entry_error(R"({"dtype":"U8","shape":1,"data_offsets":[0,1]})", 1), "shape that is not an array");
+  has(entry_error(R"({"dtype":"U8","shape":1,"data_offsets":[0,1]})", 1),
+      "shape that is not an array");
   has(entry_error(R"({"dtype":"U8","shape":[1],"data_offsets":[0]})", 1), "1 data_offsets");
   has(entry_error(R"({"dtype":"U8","shape":[1],"data_offsets":[0,1,1]})", 1), "more than two");
-  has(entry_error(R"({"dtype":"U8","shape":[1],"data_offsets":[-1,0]})", 1), "negative data offset");
+  has(entry_error(R"({"dtype":"U8","shape":[1],"data_offsets":[-1,0]})", 1),
+      "negative data offset");
   has(entry_error(R"({"dtype":"U8","shape":[1],"data_offsets":{"a":0}})", 1), "not an array");
   has(entry_error(R"([1])", 1), "instead of an object");
   has(entry_error(R"(7)", 1), "instead of an object");
@@ -205,13 +209,14 @@ TEST(SafetensorsParse, RejectsRankAboveTheLimit) {
 TEST(SafetensorsParse, RejectsGapsOverlapsAndReversedOffsets) {
   const std::string a = R"("a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]})";
   auto two = [&](const char* b_offsets, uint64_t buffer) {
-    return header_error("{" + a + R"(,"b":{"dtype":"U8","shape":[4],"data_offsets":)" +
-                            b_offsets + "}}",
-                        buffer);
+    return header_error(
+        "{" + a + R"(,"b":{"dtype":"U8","shape":[4],"data_offsets":)" + b_offsets + "}}", buffer);
   };
   std::string msg = two("[5,9]", 9);
-  EXPECT_NE(msg.find("tensor 'b' begins at byte 5 of the data but the previous one ends at 4 (a gap)"),
-            std::string::npos) << msg;
+  EXPECT_NE(
+      msg.find("tensor 'b' begins at byte 5 of the data but the previous one ends at 4 (a gap)"),
+      std::string::npos)
+      << msg;
   msg = two("[3,7]", 7);
   EXPECT_NE(msg.find("(an overlap)"), std::string::npos) << msg;
   msg = two("[4,3]", 4);
@@ -221,11 +226,12 @@ TEST(SafetensorsParse, RejectsGapsOverlapsAndReversedOffsets) {
 }
 
 TEST(SafetensorsParse, RejectsSizeOverflowMisalignmentAndMismatch) {
-  std::string msg =
-      header_error(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296,2],"data_offsets":[0,0]}})", 0);
+  std::string msg = header_error(
+      R"({"w":{"dtype":"U8","shape":[4294967296,4294967296,2],"data_offsets":[0,0]}})", 0);
   EXPECT_NE(msg.find("overflows 64 bits"), std::string::npos) << msg;
   // The element count fits but the bit count (2^62 * 32) does not.
-  msg = header_error(R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", 0);
+  msg = header_error(R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})",
+                     0);
   EXPECT_NE(msg.find("overflows 64 bits"), std::string::npos) << msg;
   msg = header_error(R"({"w":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}})", 2);
   EXPECT_NE(msg.find("does not end on a byte boundary"), std::string::npos) << msg;
@@ -237,7 +243,8 @@ TEST(SafetensorsParse, RejectsTrailingAndMissingBytes) {
   const std::string json = R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})";
   std::string msg = header_error(json, 5);
   EXPECT_NE(msg.find("cover 4 bytes but the data buffer holds 5 (trailing bytes)"),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
   msg = header_error(json, 3);
   EXPECT_NE(msg.find("(truncated file)"), std::string::npos) << msg;
   msg = header_error("{}", 1);

@@ -1,5 +1,7 @@
 // The streaming writer: what it writes must pass the reader byte for byte, and misuse (wrong
 // order, wrong sizes, bad declarations) must fail without leaving a plausible file behind.
+#include "formats/safetensors_writer.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "formats/safetensors.h"
-#include "formats/safetensors_writer.h"
 #include "safetensors_test_util.h"
 
 namespace tetra {
@@ -30,12 +31,12 @@ std::string pattern(size_t n, int seed) {
   return s;
 }
 
-const DType kAllDtypes[] = {
-    DType::BOOL,    DType::U8,          DType::I8,          DType::U16,     DType::I16,
-    DType::U32,     DType::I32,         DType::U64,         DType::I64,     DType::F16,
-    DType::BF16,    DType::F32,         DType::F64,         DType::C64,     DType::F8_E4M3,
-    DType::F8_E5M2, DType::F8_E8M0,     DType::F8_E4M3FNUZ, DType::F8_E5M2FNUZ,
-    DType::F4,      DType::F6_E2M3,     DType::F6_E3M2};
+const DType kAllDtypes[] = {DType::BOOL,    DType::U8,          DType::I8,          DType::U16,
+                            DType::I16,     DType::U32,         DType::I32,         DType::U64,
+                            DType::I64,     DType::F16,         DType::BF16,        DType::F32,
+                            DType::F64,     DType::C64,         DType::F8_E4M3,     DType::F8_E5M2,
+                            DType::F8_E8M0, DType::F8_E4M3FNUZ, DType::F8_E5M2FNUZ, DType::F4,
+                            DType::F6_E2M3, DType::F6_E3M2};
 
 TEST(SafetensorsWriter, RoundTripsEveryDtypeThroughTheReader) {
   TempDir dir;
@@ -102,12 +103,12 @@ TEST(SafetensorsWriter, RefusesOutOfOrderAndWrongSizes) {
   TempDir dir;
   const fs::path path = dir.path() / "o.safetensors";
   const std::string bytes(16, 'x');
-  SafetensorsWriter w(path, {{"a", DType::U8, Shape{4}},
-                             {"z", DType::U8, Shape{0}},
-                             {"b", DType::U8, Shape{2}}});
+  SafetensorsWriter w(
+      path, {{"a", DType::U8, Shape{4}}, {"z", DType::U8, Shape{0}}, {"b", DType::U8, Shape{2}}});
   expect_error([&] { w.write("b", bytes.data(), 2); },
                {"o.safetensors: got bytes for tensor 'b' while 'a' is next"});
-  expect_error([&] { w.write("a", bytes.data(), 5); }, {"tensor 'a' is 4 bytes but 5 were written"});
+  expect_error([&] { w.write("a", bytes.data(), 5); },
+               {"tensor 'a' is 4 bytes but 5 were written"});
   w.write("a", bytes.data(), 3);
   expect_error([&] { w.write("a", bytes.data(), 2); }, {"is 4 bytes but 5 were written"});
   expect_error([&] { w.finish(); }, {"tensor 'a' and 2 after it were not written in full"});
@@ -117,7 +118,8 @@ TEST(SafetensorsWriter, RefusesOutOfOrderAndWrongSizes) {
   wrong.data = const_cast<char*>(bytes.data());
   wrong.dtype = DType::I8;
   wrong.shape = Shape{0};
-  expect_error([&] { w.write("z", wrong); }, {"tensor 'z' was declared U8 [0] but is written as I8 [0]"});
+  expect_error([&] { w.write("z", wrong); },
+               {"tensor 'z' was declared U8 [0] but is written as I8 [0]"});
   w.write("z", nullptr, 0);
   w.write("b", bytes.data(), 2);
   expect_error([&] { w.write("b", bytes.data(), 0); }, {"after every declared tensor is complete"});
@@ -181,8 +183,11 @@ TEST(SafetensorsWriter, WritesAnIndexThatCheckpointOpens) {
   EXPECT_EQ(ckpt->file_of("layer.1.weight").filename(), "model-00001-of-00002.safetensors");
 
   for (const char* bad : {"../x.safetensors", "/abs.safetensors", "", "..", "sub/x"})
-    expect_error([&] { write_safetensors_index(dir.path() / "i.json", {{"a", bad}}, 0); },
-                 {"i.json: tensor 'a' maps to", "not a plain file name"});
+    expect_error(
+        [&] {
+          write_safetensors_index(dir.path() / "i.json", {{"a", bad}}, 0);
+        },
+        {"i.json: tensor 'a' maps to", "not a plain file name"});
 }
 
 TEST(SafetensorsWriter, ShardNames) {

@@ -45,17 +45,19 @@ int main(int argc, char** argv) {
                 {{"format", "pt"}});
     write_image(dir / "image_scalar_empty",
                 {{"s", DType::F64, Shape{}}, {"e", DType::U8, Shape{0, 4}}}, {});
-    write_image(dir / "image_nvfp4",
-                {{"model.layers.0.mlp.experts.0.down_proj.weight", DType::U8, Shape{4, 8}},
-                 {"model.layers.0.mlp.experts.0.down_proj.weight_scale", DType::F8_E4M3, Shape{4, 1}},
-                 {"model.layers.0.mlp.experts.0.down_proj.weight_scale_2", DType::F32, Shape{}},
-                 {"x", DType::F6_E2M3, Shape{1, 2, 1, 2, 1, 4}}},
-                {{"format", "pt"}, {"quant", "nvfp4"}});
+    write_image(
+        dir / "image_nvfp4",
+        {{"model.layers.0.mlp.experts.0.down_proj.weight", DType::U8, Shape{4, 8}},
+         {"model.layers.0.mlp.experts.0.down_proj.weight_scale", DType::F8_E4M3, Shape{4, 1}},
+         {"model.layers.0.mlp.experts.0.down_proj.weight_scale_2", DType::F32, Shape{}},
+         {"x", DType::F6_E2M3, Shape{1, 2, 1, 2, 1, 4}}},
+        {{"format", "pt"}, {"quant", "nvfp4"}});
     write_image(dir / "image_none", {}, {});
     write_text(dir / "header_f32", R"({"a":{"dtype":"F32","shape":[16],"data_offsets":[0,64]}})");
-    write_text(dir / "header_mixed",
-               R"( {"__metadata__":{"format":"pt"},"w":{"dtype":"BF16","shape":[4,4],)"
-               R"("data_offsets":[0,32]},"s":{"dtype":"F4","shape":[64],"data_offsets":[32,64]}}   )");
+    write_text(
+        dir / "header_mixed",
+        R"( {"__metadata__":{"format":"pt"},"w":{"dtype":"BF16","shape":[4,4],)"
+        R"("data_offsets":[0,32]},"s":{"dtype":"F4","shape":[64],"data_offsets":[32,64]}}   )");
     write_text(dir / "header_gap", R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},)"
                                    R"("b":{"dtype":"U8","shape":[8],"data_offsets":[9,17]}})");
     write_text(dir / "header_dup", R"({"a":{"dtype":"U8","shape":[64],"data_offsets":[0,64]},)"
