@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -66,15 +67,19 @@ int cmd_quantize(int argc, char** argv) {
     fail("--calib needs a build with the tokenizer");
 #endif
   }
-  Progress progress("quantizing");
+  // The label carries the totals, known from the first report on.
+  std::optional<Progress> progress;
   int64_t n_done = 0, bytes_done = 0;
-  opt.on_progress = [&](int64_t done, int64_t, int64_t bytes, int64_t) {
+  opt.on_progress = [&](int64_t done, int64_t n_total, int64_t bytes, int64_t bytes_total) {
+    if (!progress)
+      progress.emplace("quantizing " + std::to_string(n_total) + " tensors, " +
+                       format_bytes(double(bytes_total)));
     n_done = done;
     bytes_done = bytes;
-    progress.update(done, bytes);
+    progress->update(done, bytes);
   };
   const QuantizeSummary s = quantize_checkpoint(opt);
-  progress.finish(n_done, bytes_done);
+  if (progress) progress->finish(n_done, bytes_done);
   std::fprintf(stderr, "%s: %lld linear weights quantized, %lld tensors copied, %s -> %s (%s)\n",
                out_dir.c_str(), static_cast<long long>(s.n_quantized),
                static_cast<long long>(s.n_copied), format_bytes(double(s.bytes_in)).c_str(),
