@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -256,6 +257,80 @@ TEST(EngineThread, RunServesSubmitsFromOtherThreads) {
       EXPECT_EQ(out.by_id[ids[size_t(t)][size_t(i)]].tokens,
                 testing::reference(m, params[size_t(t)][size_t(i)]).token_ids);
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
+}
+
+TEST(EngineThread, ClientsAbortingMidStreamLeakNothing) {
+  // Four client threads, five requests each; every other request is aborted by its client
+  // once two tokens have arrived. The rest finish with generate()'s tokens, and the pool,
+  // the queue and the running set are empty afterwards.
+  testing::TinyModel m;
+  EngineConfig c = testing::small_config();
+  c.block_size = 4;
+  c.kv_blocks = 40;
+  c.max_running_requests = 8;
+  Engine engine(*m.model, *m.backend, c);
+  std::thread loop([&] { engine.run(); });
+
+  struct Tracked {
+    RequestParams params;
+    std::vector<int32_t> tokens;
+    FinishReason finish = FinishReason::None;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, Tracked> tracked;
+  auto callback = [&](const runtime::RequestOutput& o) {
+    std::lock_guard<std::mutex> lock(mu);
+    Tracked& t = tracked[o.request_id];
+    for (const auto& tok : o.tokens) t.tokens.push_back(tok.token);
+    if (o.finish != FinishReason::None) t.finish = o.finish;
+    cv.notify_all();
+  };
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t)
+    clients.emplace_back([&, t] {
+      std::mt19937 rng(200 + t);
+      for (int i = 0; i < 5; ++i) {
+        RequestParams p = testing::greedy(testing::random_prompt(rng, 4 + 2 * i, m.vocab()), 12);
+        std::unique_lock<std::mutex> lock(mu);
+        const auto r = engine.submit(p, callback);
+        ASSERT_EQ(r.error, SubmitError::None);
+        tracked[r.request_id].params = p;
+        if (i % 2 == 1) {
+          cv.wait(lock, [&] {
+            const Tracked& tr = tracked[r.request_id];
+            return tr.tokens.size() >= 2 || tr.finish != FinishReason::None;
+          });
+          lock.unlock();
+          engine.abort(r.request_id);
+        }
+      }
+    });
+  for (auto& cl : clients) cl.join();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] {
+      for (const auto& [id, t] : tracked)
+        if (t.finish == FinishReason::None) return false;
+      return true;
+    }));
+  }
+  engine.stop();
+  loop.join();
+  int aborted = 0;
+  for (const auto& [id, t] : tracked) {
+    if (t.finish == FinishReason::Abort) {
+      ++aborted;
+      EXPECT_GE(t.tokens.size(), 2u);
+      continue;
+    }
+    EXPECT_EQ(t.tokens, testing::reference(m, t.params).token_ids) << id;
+  }
+  EXPECT_GT(aborted, 0);
+  const auto s = engine.stats();
+  EXPECT_EQ(s.kv_blocks_used, 0);
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.waiting, 0);
 }
 
 TEST(EngineThread, StopAbortsWhatIsLeft) {
