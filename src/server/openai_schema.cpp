@@ -1,0 +1,307 @@
+// Request validation: types first, then ranges; the first problem found is the answer.
+#include "server/openai_schema.h"
+
+#include <cmath>
+#include <limits>
+#include <unordered_set>
+
+namespace tetra::server {
+namespace {
+
+using nlohmann::json;
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_float: return "a number";
+    default: return "an integer";
+  }
+}
+
+const json* find(const json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<int64_t> get_int(const json& body, const char* key, int64_t lo, int64_t hi) {
+  const json* v = find(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer())
+    throw_invalid(key, std::string("'") + key + "' must be an integer, got " + type_name(*v));
+  // An unsigned value above INT64_MAX (2^63 and up) is out of range, not a wrap-around.
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    throw_invalid(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
+                           std::to_string(hi));
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi)
+    throw_invalid(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
+                           std::to_string(hi) + ", got " + std::to_string(x));
+  return x;
+}
+
+std::optional<double> get_number(const json& body, const char* key, double lo, double hi,
+                                 bool lo_exclusive = false) {
+  const json* v = find(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number())
+    throw_invalid(key, std::string("'") + key + "' must be a number, got " + type_name(*v));
+  const double x = v->get<double>();
+  const bool below = lo_exclusive ? !(x > lo) : !(x >= lo);
+  if (!std::isfinite(x) || below || !(x <= hi)) {
+    char range[96];
+    std::snprintf(range, sizeof range, "%s%g, %g]", lo_exclusive ? "(" : "[", lo, hi);
+    throw_invalid(key, std::string("'") + key + "' must be a finite number in " + range);
+  }
+  return x;
+}
+
+std::optional<bool> get_bool(const json& body, const char* key) {
+  const json* v = find(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean())
+    throw_invalid(key, std::string("'") + key + "' must be a boolean, got " + type_name(*v));
+  return v->get<bool>();
+}
+
+std::optional<std::string> get_string(const json& body, const char* key) {
+  const json* v = find(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_string())
+    throw_invalid(key, std::string("'") + key + "' must be a string, got " + type_name(*v));
+  return v->get<std::string>();
+}
+
+std::vector<int32_t> parse_token_ids(const json& arr, const std::string& param, int64_t vocab) {
+  std::vector<int32_t> ids;
+  ids.reserve(arr.size());
+  for (const json& t : arr) {
+    if (!t.is_number_integer())
+      throw_invalid(param, "'" + param + "' token ids must be integers");
+    const bool too_big = t.is_number_unsigned() ? t.get<uint64_t>() >= uint64_t(vocab)
+                                                : t.get<int64_t>() >= vocab;
+    if ((!t.is_number_unsigned() && t.get<int64_t>() < 0) || too_big)
+      throw_invalid(param, "'" + param + "' token ids must lie in [0, " + std::to_string(vocab) +
+                               "), got " + t.dump());
+    ids.push_back(int32_t(t.get<int64_t>()));
+  }
+  return ids;
+}
+
+void parse_prompt(const json& body, const SchemaLimits& limits, GenerationRequest& r) {
+  const json* p = find(body, "prompt");
+  if (!p) throw_invalid("prompt", "'prompt' is required");
+  if (p->is_string()) {
+    r.prompt_text = p->get<std::string>();
+    return;
+  }
+  if (!p->is_array()) throw_invalid("prompt", "'prompt' must be a string, an array of token ids, "
+                                               "or an array with one of those");
+  if (p->empty()) throw_invalid("prompt", "'prompt' is empty");
+  const json& first = (*p)[0];
+  if (first.is_number()) {
+    r.prompt_ids = parse_token_ids(*p, "prompt", limits.vocab_size);
+    return;
+  }
+  if (p->size() > 1)
+    throw_invalid("prompt", "one prompt per request is supported; use `n` for several choices");
+  if (first.is_string()) {
+    r.prompt_text = first.get<std::string>();
+  } else if (first.is_array()) {
+    if (first.empty()) throw_invalid("prompt", "'prompt' is empty");
+    r.prompt_ids = parse_token_ids(first, "prompt", limits.vocab_size);
+  } else {
+    throw_invalid("prompt", "'prompt' must be a string, an array of token ids, or an array with one of those");
+  }
+}
+
+void parse_messages(const json& body, const SchemaLimits& limits, GenerationRequest& r) {
+  const json* m = find(body, "messages");
+  if (!m) throw_invalid("messages", "'messages' is required");
+  if (!m->is_array()) throw_invalid("messages", std::string("'messages' must be an array, got ") + type_name(*m));
+  if (m->empty()) throw_invalid("messages", "'messages' must not be empty");
+  if (m->size() > limits.max_messages)
+    throw_invalid("messages", "'messages' has more than " + std::to_string(limits.max_messages) + " entries");
+  static const std::unordered_set<std::string> roles = {"system", "developer", "user", "assistant", "tool"};
+  r.messages = json::array();
+  for (size_t i = 0; i < m->size(); ++i) {
+    const json& msg = (*m)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!msg.is_object()) throw_invalid(where, "'" + where + "' must be an object");
+    auto role = msg.find("role");
+    if (role == msg.end() || !role->is_string() || !roles.count(role->get<std::string>()))
+      throw_invalid(where + ".role", "'" + where + ".role' must be one of system, developer, user, assistant, tool");
+    json out = {{"role", *role}};
+    auto content = msg.find("content");
+    if (content == msg.end() || content->is_null()) {
+      if (*role != "assistant") throw_invalid(where + ".content", "'" + where + ".content' is required");
+      out["content"] = "";
+    } else if (content->is_string()) {
+      out["content"] = *content;
+    } else if (content->is_array()) {
+      // Text parts are joined with newlines, as vLLM does; other part types need modalities we lack.
+      std::string text;
+      for (const json& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          throw_invalid(where + ".content", "'" + where + ".content' parts must be {\"type\": \"text\", \"text\": string}");
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      out["content"] = text;
+    } else {
+      throw_invalid(where + ".content", "'" + where + ".content' must be a string or an array of text parts");
+    }
+    if (auto name = msg.find("name"); name != msg.end() && name->is_string()) out["name"] = *name;
+    r.messages.push_back(std::move(out));
+  }
+}
+
+void parse_stop(const json& body, const SchemaLimits& limits, GenerationRequest& r) {
+  const json* s = find(body, "stop");
+  if (!s) return;
+  auto add = [&](const json& v) {
+    if (!v.is_string()) throw_invalid("stop", "'stop' must be a string or an array of strings");
+    std::string text = v.get<std::string>();
+    if (text.empty()) throw_invalid("stop", "'stop' strings must not be empty");
+    if (text.size() > limits.max_stop_bytes)
+      throw_invalid("stop", "'stop' strings must be at most " + std::to_string(limits.max_stop_bytes) + " bytes");
+    r.stop.push_back(std::move(text));
+  };
+  if (s->is_array()) {
+    if (s->size() > size_t(limits.max_stop))
+      throw_invalid("stop", "'stop' takes at most " + std::to_string(limits.max_stop) + " strings");
+    for (const json& v : *s) add(v);
+  } else {
+    add(*s);
+  }
+}
+
+// Fields we know but do not implement: refuse rather than silently change the meaning.
+void refuse_unsupported(const json& body, const SchemaLimits& limits) {
+  if (auto b = get_int(body, "best_of", 1, 1'000'000); b && *b != 1)
+    throw_invalid("best_of", "'best_of' other than 1 is not supported");
+  if (auto e = get_bool(body, "echo"); e && *e) throw_invalid("echo", "'echo' is not supported");
+  if (auto s = get_string(body, "suffix"); s && !s->empty()) throw_invalid("suffix", "'suffix' is not supported");
+  if (const json* lb = find(body, "logit_bias")) {
+    if (!lb->is_object()) throw_invalid("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(it.key(), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != it.key().size() || id < 0 || id >= limits.vocab_size)
+        throw_invalid("logit_bias", "'logit_bias' keys must be token ids in [0, " +
+                                        std::to_string(limits.vocab_size) + "), got '" + it.key() + "'");
+      if (!it.value().is_number() || !std::isfinite(it.value().get<double>()) ||
+          std::fabs(it.value().get<double>()) > 100)
+        throw_invalid("logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+    }
+    if (!lb->empty()) throw_invalid("logit_bias", "'logit_bias' is not supported yet");
+  }
+  if (const json* rf = find(body, "response_format")) {
+    if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+      throw_invalid("response_format", "'response_format' must be an object with a string 'type'");
+    if ((*rf)["type"] != "text")
+      throw_invalid("response_format", "'response_format' of type " + (*rf)["type"].dump() + " is not supported");
+  }
+  if (const json* tools = find(body, "tools")) {
+    if (!tools->is_array()) throw_invalid("tools", "'tools' must be an array");
+    if (!tools->empty()) throw_invalid("tools", "'tools' are not supported yet");
+  }
+}
+
+}  // namespace
+
+void throw_invalid(const std::string& param, const std::string& message) {
+  throw ApiException(ApiError{.status = 400, .message = message, .param = param});
+}
+
+std::string error_body(const ApiError& e) {
+  json err = {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}};
+  return json({{"error", err}}).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+ApiError unavailable_error(const std::string& message) {
+  return ApiError{.status = 503, .message = message, .type = "unavailable_error"};
+}
+
+GenerationRequest parse_generation_request(Endpoint endpoint, const json& body,
+                                           const SchemaLimits& limits) {
+  static const std::unordered_set<std::string> known = {
+      "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+      "top_k", "seed", "stop", "n", "logprobs", "top_logprobs", "stream", "stream_options",
+      "presence_penalty", "frequency_penalty", "ignore_eos", "skip_special_tokens", "best_of",
+      "echo", "suffix", "logit_bias", "response_format", "tools", "tool_choice",
+      "add_generation_prompt"};
+  GenerationRequest r;
+  r.endpoint = endpoint;
+  for (auto it = body.begin(); it != body.end(); ++it)
+    if (!known.count(it.key())) r.ignored_fields.push_back(it.key());
+
+  if (auto m = get_string(body, "model")) r.model = *m;
+  if (endpoint == Endpoint::Completions) {
+    parse_prompt(body, limits, r);
+  } else {
+    if (body.contains("prompt")) throw_invalid("prompt", "chat completions take 'messages', not 'prompt'");
+    parse_messages(body, limits, r);
+    if (auto g = get_bool(body, "add_generation_prompt")) r.add_generation_prompt = *g;
+  }
+  refuse_unsupported(body, limits);
+
+  constexpr int64_t kMaxTokens = int64_t(1) << 31;
+  auto max_tokens = get_int(body, "max_tokens", 1, kMaxTokens);
+  auto max_completion = get_int(body, "max_completion_tokens", 1, kMaxTokens);
+  // Both given: the smaller wins (documented in the README).
+  if (max_tokens && max_completion) r.max_tokens = std::min(*max_tokens, *max_completion);
+  else if (max_tokens) r.max_tokens = max_tokens;
+  else r.max_tokens = max_completion;
+
+  if (auto t = get_number(body, "temperature", 0.0, 2.0)) r.temperature = float(*t);
+  if (auto p = get_number(body, "top_p", 0.0, 1.0, /*lo_exclusive=*/true)) r.top_p = float(*p);
+  if (auto k = get_int(body, "top_k", -1, 1 << 20)) r.top_k = *k < 0 ? 0 : int(*k);
+  if (auto p = get_number(body, "presence_penalty", -2.0, 2.0)) r.presence_penalty = float(*p);
+  if (auto f = get_number(body, "frequency_penalty", -2.0, 2.0)) r.frequency_penalty = float(*f);
+  if (const json* s = find(body, "seed")) {
+    // Any 64-bit integer, negative ones taken modulo 2^64 (OpenAI's seed is a signed int64).
+    if (!s->is_number_integer()) throw_invalid("seed", std::string("'seed' must be an integer, got ") + type_name(*s));
+    r.seed = s->is_number_unsigned() ? s->get<uint64_t>() : uint64_t(s->get<int64_t>());
+  }
+  parse_stop(body, limits, r);
+  if (auto n = get_int(body, "n", 1, limits.max_n)) r.n = int(*n);
+
+  if (endpoint == Endpoint::Completions) {
+    // Completions: `logprobs` is the number of alternatives per token (0 = the chosen one only).
+    if (auto lp = get_int(body, "logprobs", 0, limits.max_top_logprobs)) {
+      r.logprobs = true;
+      r.top_logprobs = int(*lp);
+    }
+  } else {
+    if (auto lp = get_bool(body, "logprobs")) r.logprobs = *lp;
+    if (auto top = get_int(body, "top_logprobs", 0, limits.max_top_logprobs)) {
+      if (!r.logprobs && *top > 0)
+        throw_invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true");
+      r.top_logprobs = int(*top);
+    }
+  }
+  if (auto s = get_bool(body, "stream")) r.stream = *s;
+  if (const json* so = find(body, "stream_options")) {
+    if (!so->is_object()) throw_invalid("stream_options", "'stream_options' must be an object");
+    if (auto u = get_bool(*so, "include_usage")) r.include_usage = *u;
+  }
+  if (auto e = get_bool(body, "ignore_eos")) r.ignore_eos = *e;
+  if (auto s = get_bool(body, "skip_special_tokens")) r.skip_special_tokens = *s;
+  return r;
+}
+
+}  // namespace tetra::server
