@@ -1,0 +1,254 @@
+#include "server/generation.h"
+
+#include <ctime>
+#include <random>
+
+namespace tetra::server {
+namespace {
+
+// Outputs queued for one request beyond this mean its strand is starved: the request fails
+// rather than letting the engine thread's memory grow without bound.
+constexpr size_t kMaxPendingOutputs = 4096;
+
+uint64_t random_u64() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return rng();
+}
+
+std::string make_id(Endpoint e) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%016llx", e == Endpoint::Completions ? "cmpl-" : "chatcmpl-",
+                static_cast<unsigned long long>(random_u64()));
+  return buf;
+}
+
+}  // namespace
+
+Generation::Generation(ServerState& state, GenerationRequest request, std::vector<int32_t> prompt,
+                       int64_t max_tokens, Clock::time_point arrival)
+    : state_(state),
+      engine_(*state.context.engine),
+      request_(std::move(request)),
+      prompt_(std::move(prompt)),
+      max_tokens_(max_tokens),
+      arrival_(arrival) {
+  header_ = {.endpoint = request_.endpoint,
+             .id = make_id(request_.endpoint),
+             .created = int64_t(std::time(nullptr)),
+             .model = state.context.model_name};
+  choices_.resize(size_t(request_.n));
+  for (Choice& c : choices_) {
+    c.text = std::make_unique<TextStream>(*state.context.tokenizer, request_.stop, request_.skip_special_tokens);
+    if (request_.logprobs)
+      c.logprobs = std::make_unique<LogprobsBuilder>(request_.endpoint, *state.context.tokenizer);
+  }
+}
+
+Generation::~Generation() { release(); }
+
+void Generation::submit() {
+  const uint64_t seed = request_.seed ? *request_.seed : random_u64();
+  for (int i = 0; i < request_.n; ++i) {
+    runtime::RequestParams p;
+    p.prompt = prompt_;
+    p.max_new_tokens = max_tokens_;
+    p.sampling = {.temperature = request_.temperature,
+                  .top_p = request_.top_p,
+                  .top_k = request_.top_k,
+                  .presence_penalty = request_.presence_penalty,
+                  .frequency_penalty = request_.frequency_penalty};
+    p.seed = seed + uint64_t(i);  // n choices: seeds seed, seed+1, ...
+    p.ignore_eos = request_.ignore_eos;
+    p.top_logprobs = request_.logprobs ? request_.top_logprobs : 0;
+    auto self = shared_from_this();
+    runtime::SubmitResult r = engine_.submit(
+        std::move(p), [self, i](const runtime::RequestOutput& o) { self->on_output(i, o); });
+    if (r.error != runtime::SubmitError::None) {
+      for (int j = 0; j < i; ++j) engine_.abort(choices_[size_t(j)].request_id);
+      ApiError e{.status = 400, .message = r.message};
+      switch (r.error) {
+        case runtime::SubmitError::QueueFull:
+          e = {.status = 429, .message = r.message.empty() ? "the server's request queue is full; retry later" : r.message,
+               .type = "rate_limit_error", .code = "queue_full"};
+          break;
+        case runtime::SubmitError::TooLong:
+          e.param = request_.endpoint == Endpoint::Completions ? "prompt" : "messages";
+          e.code = "context_length_exceeded";
+          break;
+        case runtime::SubmitError::ShuttingDown:
+          e = unavailable_error(r.message.empty() ? "the server is shutting down" : r.message);
+          break;
+        default:
+          break;
+      }
+      if (e.message.empty()) e.message = "the engine refused the request";
+      throw ApiException(std::move(e));
+    }
+    choices_[size_t(i)].request_id = r.request_id;
+  }
+  submitted_ = true;
+  released_ = false;
+  state_.active_generations.fetch_add(1);
+}
+
+void Generation::attach(Post post, std::function<void()> wake) {
+  std::unique_lock lock(mutex_);
+  post_ = std::move(post);
+  wake_ = std::move(wake);
+  if (!pending_.empty() && !scheduled_) {
+    scheduled_ = true;
+    Post p = post_;
+    lock.unlock();
+    p([self = shared_from_this()] { self->drain_pending(); });
+  }
+}
+
+void Generation::on_output(int index, const runtime::RequestOutput& out) {
+  std::unique_lock lock(mutex_);
+  if (overflow_) return;
+  if (pending_.size() >= kMaxPendingOutputs) overflow_ = true;
+  else pending_.push_back({index, out});
+  if (scheduled_ || !post_) return;
+  scheduled_ = true;
+  Post p = post_;
+  lock.unlock();
+  p([self = shared_from_this()] { self->drain_pending(); });
+}
+
+void Generation::drain_pending() {
+  std::deque<Pending> batch;
+  bool overflow = false;
+  {
+    std::lock_guard lock(mutex_);
+    batch.swap(pending_);
+    scheduled_ = false;
+    overflow = overflow_;
+  }
+  for (const Pending& p : batch) handle(p.index, p.output);
+  if (overflow && !complete_) fail("the server could not deliver this request's output fast enough");
+  if (wake_) wake_();
+}
+
+void Generation::handle(int index, const runtime::RequestOutput& out) {
+  Choice& c = choices_[size_t(index)];
+  cached_tokens_ = std::max(cached_tokens_, out.cached_prompt_tokens);
+  if (c.finish) {  // stopped by us (stop string) or the client left: only bookkeeping remains
+    if (out.finish != runtime::FinishReason::None) c.engine_done = true;
+    return;
+  }
+  if (complete_) return;
+  const auto now = Clock::now();
+  std::string delta;
+  bool stopped = false;
+  const double gap = out.tokens.empty() ? 0.0
+                     : std::chrono::duration<double>(now - c.last_token).count() / double(out.tokens.size());
+  const bool had_previous = c.completion_tokens > 0;
+  for (const runtime::TokenOutput& t : out.tokens) {
+    if (c.completion_tokens == 0) state_.metrics.observe_ttft(seconds_since(arrival_));
+    else if (had_previous) state_.metrics.observe_inter_token(gap);
+    ++c.completion_tokens;
+    const int64_t offset = int64_t(c.full_text.size() + delta.size());
+    delta += c.text->push(t.token);
+    if (c.logprobs) c.logprobs->add(t, offset);
+    if (c.text->stopped()) {
+      stopped = true;
+      break;
+    }
+  }
+  if (!out.tokens.empty()) c.last_token = now;
+
+  const char* reason = nullptr;
+  if (stopped) {
+    reason = "stop";
+    if (out.finish == runtime::FinishReason::None) engine_.abort(c.request_id);
+    else c.engine_done = true;
+  } else if (out.finish != runtime::FinishReason::None) {
+    c.engine_done = true;
+    if (out.finish == runtime::FinishReason::Error) {
+      fail(out.error.empty() ? "the engine failed on this request" : out.error);
+      return;
+    }
+    delta += c.text->finish();
+    reason = c.text->stopped() ? "stop" : runtime::finish_reason_name(out.finish);
+  }
+  c.full_text += delta;
+  if (request_.stream) {
+    const bool has_logprobs = c.logprobs && !c.logprobs->empty();
+    if (!delta.empty() || reason || has_logprobs || !c.sent_first) {
+      const nlohmann::json lp = has_logprobs ? c.logprobs->take() : nlohmann::json(nullptr);
+      out_ += sse_chunk(header_, index, delta, !c.sent_first, lp, reason, request_.include_usage);
+      c.sent_first = true;
+    }
+  }
+  if (reason) finish_choice(c, reason);
+}
+
+void Generation::finish_choice(Choice& c, const char* reason) {
+  c.finish = reason;
+  state_.metrics.count_finished(reason);
+  state_.metrics.observe_e2e(seconds_since(arrival_));
+  for (const Choice& other : choices_)
+    if (!other.finish) return;
+  complete();
+}
+
+void Generation::complete() {
+  if (complete_) return;
+  complete_ = true;
+  Usage usage{.prompt_tokens = int64_t(prompt_.size()), .cached_tokens = cached_tokens_};
+  for (const Choice& c : choices_) usage.completion_tokens += c.completion_tokens;
+  if (request_.stream) {
+    if (request_.include_usage) out_ += sse_usage_chunk(header_, usage);
+    out_ += sse_done();
+    return;
+  }
+  std::vector<FinalChoice> finals;
+  for (Choice& c : choices_)
+    finals.push_back({.text = c.full_text,
+                      .logprobs = c.logprobs ? c.logprobs->take() : nlohmann::json(nullptr),
+                      .finish_reason = c.finish});
+  out_ = final_body(header_, finals, usage);
+  status_ = 200;
+}
+
+void Generation::fail(const std::string& message) {
+  for (Choice& c : choices_) {
+    if (!c.engine_done) engine_.abort(c.request_id);
+    if (!c.finish) {
+      c.finish = "error";
+      state_.metrics.count_finished("error");
+    }
+  }
+  complete_ = true;
+  ApiError e{.status = 500, .message = message, .type = "server_error"};
+  if (request_.stream) {
+    // The 200 header is gone already: an error event, then [DONE], as vLLM and SGLang do.
+    out_ += sse_error(e) + sse_done();
+  } else {
+    out_ = error_body(e);
+    status_ = 500;
+  }
+}
+
+bool Generation::take(std::string& out) {
+  out.append(out_);
+  out_.clear();
+  return complete_;
+}
+
+void Generation::client_gone() {
+  if (gone_) return;
+  gone_ = true;
+  if (!complete_) state_.metrics.count_disconnect();
+  for (Choice& c : choices_) {
+    if (!c.engine_done && submitted_) engine_.abort(c.request_id);
+    if (!c.finish) c.finish = "abort";
+  }
+  release();
+}
+
+void Generation::release() {
+  if (!released_.exchange(true)) state_.active_generations.fetch_sub(1);
+}
+
+}  // namespace tetra::server

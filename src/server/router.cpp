@@ -1,0 +1,170 @@
+#include "server/router.h"
+
+#include <cstdio>
+#include <ctime>
+
+#include "core/error.h"
+#include "server/generation.h"
+#include "tokenizer/chat_template.h"
+
+namespace tetra::server {
+namespace {
+
+using nlohmann::json;
+
+HttpResponse json_response(int status, const json& body) {
+  return HttpResponse{.status = status, .body = dump_json(body)};
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+void require_serving(const ServerState& state) {
+  if (state.phase.load() == Phase::Draining) throw ApiException(unavailable_error("the server is shutting down"));
+  if (!state.ready()) throw ApiException(unavailable_error("the model is loading"));
+}
+
+HttpResponse health(const ServerState& state) {
+  switch (state.phase.load()) {
+    case Phase::Ready: return json_response(200, {{"status", "ok"}});
+    case Phase::Loading: return error_response(unavailable_error("the model is loading"));
+    default: return error_response(unavailable_error("the server is shutting down"));
+  }
+}
+
+HttpResponse models(const ServerState& state) {
+  if (!state.has_context()) throw ApiException(unavailable_error("the model is loading"));
+  const ServingContext& ctx = state.context;
+  json model = {{"id", ctx.model_name}, {"object", "model"}, {"created", int64_t(std::time(nullptr))},
+                {"owned_by", "tetra"}, {"max_model_len", ctx.max_context}, {"vocab_size", ctx.vocab_size}};
+  return json_response(200, {{"object", "list"}, {"data", json::array({model})}});
+}
+
+std::vector<int32_t> prompt_tokens(const ServingContext& ctx, const GenerationRequest& r) {
+  const tok::Tokenizer& tokenizer = *ctx.tokenizer;
+  std::vector<int32_t> ids;
+  if (r.endpoint == Endpoint::ChatCompletions) {
+    tok::ChatRequest chat;
+    chat.messages = r.messages;
+    chat.add_generation_prompt = r.add_generation_prompt;
+    std::string text;
+    try {
+      text = tok::render_chat(tokenizer, chat);
+    } catch (const Error& e) {
+      throw_invalid("messages", std::string("the chat template refused the messages: ") + e.what());
+    }
+    // The template writes the control tokens as text, so specials are parsed here.
+    for (auto id : tokenizer.encode(text, {.parse_special = true})) ids.push_back(int32_t(id));
+  } else if (r.prompt_text) {
+    const auto& cfg = tokenizer.config();
+    if (cfg.add_bos_token && cfg.bos_token)
+      if (auto bos = tokenizer.token_to_id(*cfg.bos_token)) ids.push_back(int32_t(*bos));
+    // User text never produces control tokens: "<|im_end|>" typed in a prompt is plain text.
+    for (auto id : tokenizer.encode(*r.prompt_text, {.parse_special = false})) ids.push_back(int32_t(id));
+  } else {
+    ids = r.prompt_ids;
+  }
+  return ids;
+}
+
+RouteResult generate(ServerState& state, const HttpRequest& http, Endpoint endpoint) {
+  require_serving(state);
+  const std::string ct = lower(http.content_type);
+  if (ct.rfind("application/json", 0) != 0)
+    throw ApiException({.status = 415, .message = "Content-Type must be application/json"});
+  if (http.body.empty()) throw_invalid("", "the request body is empty; send a JSON object");
+  json body = json::parse(http.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) throw_invalid("", "the request body is not valid JSON");
+  if (!body.is_object()) throw_invalid("", "the request body must be a JSON object");
+
+  const ServingContext& ctx = state.context;
+  SchemaLimits limits{.vocab_size = ctx.vocab_size};
+  GenerationRequest request = parse_generation_request(endpoint, body, limits);
+  if (!request.ignored_fields.empty()) {
+    std::string names;
+    for (const auto& f : request.ignored_fields) names += (names.empty() ? "" : ", ") + f.substr(0, 64);
+    std::fprintf(stderr, "tetra serve: ignoring unknown request fields: %s\n", names.c_str());
+  }
+
+  std::vector<int32_t> prompt = prompt_tokens(ctx, request);
+  const char* prompt_param = endpoint == Endpoint::Completions ? "prompt" : "messages";
+  if (prompt.empty()) throw_invalid(prompt_param, "the prompt encodes to no tokens");
+  const int64_t n_prompt = int64_t(prompt.size());
+  if (n_prompt >= ctx.max_context)
+    throw ApiException({.message = "This model's maximum context length is " + std::to_string(ctx.max_context) +
+                                   " tokens and your request has " + std::to_string(n_prompt) +
+                                   " input tokens; no room is left to generate",
+                        .param = prompt_param, .code = "context_length_exceeded"});
+  const int64_t room = ctx.max_context - n_prompt;
+  int64_t max_tokens = endpoint == Endpoint::Completions ? std::min<int64_t>(16, room) : room;
+  if (request.max_tokens) {
+    if (*request.max_tokens > room)
+      throw ApiException({.message = "'max_tokens' is too large: " + std::to_string(*request.max_tokens) +
+                                     ". This model's maximum context length is " + std::to_string(ctx.max_context) +
+                                     " tokens and your request has " + std::to_string(n_prompt) + " input tokens",
+                          .param = "max_tokens", .code = "context_length_exceeded"});
+    max_tokens = *request.max_tokens;
+  }
+  auto g = std::make_shared<Generation>(state, std::move(request), std::move(prompt), max_tokens, http.arrival);
+  g->submit();
+  return RouteResult{.generation = std::move(g)};
+}
+
+RouteResult dispatch(ServerState& state, const HttpRequest& req) {
+  std::string path = req.target.substr(0, req.target.find('?'));
+  auto method_is = [&](const char* m) {
+    if (req.method != m)
+      throw ApiException({.status = 405, .message = "use " + std::string(m) + " for " + path});
+  };
+  if (path == "/health") {
+    method_is("GET");
+    return {health(state)};
+  }
+  if (path == "/metrics") {
+    method_is("GET");
+    runtime::EngineStats stats;
+    if (state.has_context()) stats = state.context.engine->stats();
+    return {HttpResponse{.content_type = "text/plain; version=0.0.4",
+                         .body = state.metrics.render(state.has_context() ? &stats : nullptr,
+                                                     state.connections.load())}};
+  }
+  if (path == "/v1/models") {
+    method_is("GET");
+    return {models(state)};
+  }
+  if (path == "/v1/completions") {
+    method_is("POST");
+    return generate(state, req, Endpoint::Completions);
+  }
+  if (path == "/v1/chat/completions") {
+    method_is("POST");
+    return generate(state, req, Endpoint::ChatCompletions);
+  }
+  throw ApiException({.status = 404, .message = "no route for " + path.substr(0, 256), .type = "not_found_error"});
+}
+
+}  // namespace
+
+HttpResponse error_response(const ApiError& e) {
+  HttpResponse r{.status = e.status, .body = error_body(e)};
+  if (e.status == 429 || e.status == 503) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
+RouteResult route(ServerState& state, const HttpRequest& req) {
+  try {
+    return dispatch(state, req);
+  } catch (const ApiException& e) {
+    return {error_response(e.error)};
+  } catch (const Error& e) {
+    return {error_response({.status = 400, .message = e.what()})};
+  } catch (const std::bad_alloc&) {
+    return {error_response({.status = 503, .message = "out of memory", .type = "unavailable_error"})};
+  } catch (const std::exception& e) {
+    return {error_response({.status = 500, .message = e.what(), .type = "server_error"})};
+  }
+}
+
+}  // namespace tetra::server

@@ -1,0 +1,61 @@
+// The OpenAI-compatible HTTP server: asynchronous (Boost.Beast on a few threads), so thousands
+// of streaming connections cost sockets and buffers, not threads. It listens before the model
+// is loaded (health answers 503 until set_ready) and drains on SIGTERM.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tetra::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 30000;                    // 0: any free port (see Server::port())
+  int http_threads = 2;
+  double shutdown_timeout_s = 30;      // SIGTERM: let running requests finish this long; 0 = abort
+  double read_timeout_s = 30;          // a whole request (headers + body) must arrive within it
+  double write_timeout_s = 60;         // a client that does not read for this long is dropped
+  double idle_timeout_s = 60;          // keep-alive connection with no request
+  size_t max_body_bytes = 8u << 20;    // larger bodies: 413, read no further
+  size_t max_header_bytes = 16u << 10; // larger headers: 431
+  int max_connections = 16384;         // beyond it new connections are closed at once
+};
+
+// What the server needs once the model is loaded; the pointees outlive the server's use.
+struct ServingContext {
+  runtime::Engine* engine = nullptr;
+  const tok::Tokenizer* tokenizer = nullptr;
+  std::string model_name;
+  int64_t max_context = 0;  // prompt + generated tokens per sequence
+  int64_t vocab_size = 0;   // the model's (embedding) vocabulary
+};
+
+class Server {
+ public:
+  // Binds and listens; throws tetra::Error with one sentence if it cannot.
+  explicit Server(ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int port() const;
+  // Starts the I/O threads and SIGTERM/SIGINT handling; /health answers 503 until set_ready.
+  void start();
+  void set_ready(ServingContext context);
+  // True once a shutdown signal arrived (a loader can give up early).
+  bool stopping() const;
+  // Blocks until the server has drained after a signal (or stop()); returns the exit code.
+  int wait();
+  // Drains as if SIGTERM had arrived.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tetra::server
