@@ -193,70 +193,6 @@ __device__ __forceinline__ void gemm_warp(const WarpOperands<kMT, kNT>& op, int 
   }
 }
 
-// NVFP4 weights go through a warp-private shared-memory ring filled by cp.async (L2 only,
-// 256-byte DRAM fetches): the bytes in flight no longer cost registers, so the pipeline is
-// kS chunks deep at full occupancy. Each lane reads back only the 16 bytes it copied itself,
-// so cp.async.wait_group alone orders the copy before the read; no barrier is needed.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kN>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kN) : "memory");
-}
-
-template <int kMT, int kNT, int kS>
-__device__ __forceinline__ void gemm_warp_async(const WarpOperands<kMT, kNT>& op, int c_begin,
-                                                int c_end, uint4 (*ring)[kMT * 2][32],
-                                                float (&acc)[kMT][kNT][4]) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int m = 0; m < kMT; ++m)
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
-  uint32_t scales[kS][kMT][2];  // block scales travel in registers: 2 bytes a row
-  auto issue = [&](int slot, int chunk) {
-#pragma unroll
-    for (int m = 0; m < kMT; ++m)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        cp_async16(&ring[slot][m * 2 + r][lane], op.a[m] + r * op.a_stride8 + chunk * 64);
-        scales[slot][m][r] = ld_stream_u16(op.s[m] + r * op.s_stride8 + chunk * 8);
-      }
-  };
-  // One commit group per chunk, empty ones included, so wait_group counts chunks.
-#pragma unroll
-  for (int s = 0; s < kS - 1; ++s) {
-    if (c_begin + s < c_end) issue(s, c_begin + s);
-    cp_async_commit();
-  }
-  for (int c = c_begin; c < c_end; c += kS) {
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-      const int next = c + s + kS - 1;
-      if (next < c_end) issue((s + kS - 1) % kS, next);
-      cp_async_commit();
-      if (c + s < c_end) {
-        cp_async_wait<kS - 1>();  // the group of chunk c + s is complete
-        Stage<true, kMT> cur;
-#pragma unroll
-        for (int m = 0; m < kMT; ++m)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            cur.a[m][r][0] = ring[s][m * 2 + r][lane];
-            cur.s[m][r] = scales[s][m][r];
-          }
-        compute_stage(cur, op, c + s, acc);
-      }
-    }
-  }
-  cp_async_wait<0>();
-}
-
 // Sums the partial accumulators of the kSplit warps that share a tile (each walked its own
 // K range); the warp with kpart 0 ends up with the total. Called by the whole block.
 template <int kMT, int kNT, int kSplit>
@@ -361,12 +297,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(G
   WarpOperands<2, kNT> op;
   warp_operands<kFp4, 2, kNT>(p, item, rows, op);
   float acc[2][kNT][4];
-  if constexpr (kFp4) {
-    __shared__ uint4 ring[kWarps][kS][4][32];
-    gemm_warp_async<2, kNT, kS>(op, role.c_begin, role.c_end, ring[threadIdx.x >> 5], acc);
-  } else {
-    gemm_warp<kFp4, 2, kNT, kS>(op, role.c_begin, role.c_end, acc);
-  }
+  gemm_warp<kFp4, 2, kNT, kS>(op, role.c_begin, role.c_end, acc);
   reduce_split_k<2, kNT, kSplit>(acc, role.kpart, role.tile);
   if (role.kpart != 0) return;
 
@@ -399,12 +330,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) down_kernel(Gemm
   WarpOperands<2, kNT> op;
   warp_operands<kFp4, 2, kNT>(p, item, rows, op);
   float acc[2][kNT][4];
-  if constexpr (kFp4) {
-    __shared__ uint4 ring[kWarps][kS][4][32];
-    gemm_warp_async<2, kNT, kS>(op, role.c_begin, role.c_end, ring[threadIdx.x >> 5], acc);
-  } else {
-    gemm_warp<kFp4, 2, kNT, kS>(op, role.c_begin, role.c_end, acc);
-  }
+  gemm_warp<kFp4, 2, kNT, kS>(op, role.c_begin, role.c_end, acc);
   reduce_split_k<2, kNT, kSplit>(acc, role.kpart, role.tile);
   if (role.kpart != 0) return;
 
@@ -459,11 +385,10 @@ void launch_pair(cudaStream_t stream, const GemmParams& p, int max_items, bool g
 template <bool kFp4>
 void launch_gemm(cudaStream_t stream, const GemmParams& p, int tile_tokens, int max_items, bool gate_up) {
   switch (tile_tokens) {
-    // NVFP4: 5 chunks in the shared-memory ring (40 KB a block); BF16: 2 in registers.
-    case 8: launch_pair<kFp4, 1, kFp4 ? 5 : 2, 4>(stream, p, max_items, gate_up); break;
-    case 16: launch_pair<kFp4, 2, kFp4 ? 5 : 2, 4>(stream, p, max_items, gate_up); break;
-    case 32: launch_pair<kFp4, 4, kFp4 ? 5 : 2, 1>(stream, p, max_items, gate_up); break;
-    case 64: launch_pair<kFp4, 8, kFp4 ? 5 : 2, 1>(stream, p, max_items, gate_up); break;
+    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, 4>(stream, p, max_items, gate_up); break;
+    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4>(stream, p, max_items, gate_up); break;
+    case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1>(stream, p, max_items, gate_up); break;
+    case 64: launch_pair<kFp4, 8, 2, 1>(stream, p, max_items, gate_up); break;
     default: fail("moe: tile_tokens must be 8, 16, 32 or 64, not ", tile_tokens);
   }
 }
