@@ -105,7 +105,8 @@ struct Engine::Impl {
     const int64_t block_bytes =
         kv_bytes_per_block(m.kv_layout(), config.block_size, b.activation_dtype());
     log_info("KV cache: ", n_blocks, " blocks of ", config.block_size, " tokens (",
-             n_blocks * block_bytes / (1 << 20), " MiB), context ", config.max_context,
+             std::round(double(n_blocks * block_bytes) / (1 << 20) * 10) / 10, " MiB), context ",
+             config.max_context,
              ", prefix caching ", config.enable_prefix_caching ? "on" : "off");
     publish_stats();
   }
