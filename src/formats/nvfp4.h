@@ -17,8 +17,9 @@ inline constexpr int kBlockSize = 16;           // elements per E4M3 block scale
 inline constexpr int kBlockBytes = kBlockSize / 2;  // packed bytes per block
 inline constexpr float kE2m1Max = 6.0f;
 inline constexpr float kE4m3Max = 448.0f;
-// ModelOpt clamps a block scale to [2^-9, 448] before the E4M3 cast (_cast_per_block_scale_to_fp8)
-// so that a block far below the tensor's amax keeps a non-zero (subnormal) scale.
+// ModelOpt clamps a block scale to [2^-9, 448] before the E4M3 cast (_cast_per_block_scale_to_fp8,
+// since May 2026) so that a block far below the tensor's amax keeps a non-zero (subnormal) scale;
+// older exports cast without the clamp, giving such blocks (scale < 2^-10) a zero scale.
 inline constexpr float kE4m3MinSubnormal = 0x1p-9f;
 static_assert(kBlockSize % 2 == 0 && kBlockBytes == 8, "a block is 16 codes in 8 bytes");
 
