@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "formats/model_config.h"
 #include "model/model.h"
 #include "model_summary.h"
 #include "progress.h"
@@ -94,6 +95,15 @@ int cmd_generate(int argc, char** argv) {
     fail("--prompt needs a build with the tokenizer; use --prompt-ids");
 #endif
   }
+
+  // Requests are checked against the config before the weights are touched.
+  const ModelConfig checked = load_model_config(dir);
+  for (int32_t id : prompt_tokens)
+    TETRA_CHECK(id < checked.vocab_size, "prompt token id ", id, " is outside the vocabulary of ",
+                checked.vocab_size, " of ", (dir / "config.json").string());
+  TETRA_CHECK(int64_t(prompt_tokens.size()) + max_new_tokens <= checked.max_position_embeddings,
+              "the prompt (", prompt_tokens.size(), " tokens) plus --max-new-tokens ", max_new_tokens,
+              " exceeds the model's context of ", checked.max_position_embeddings);
 
   auto backend = ops::make_cpu_backend(threads);
   Progress progress("loading " + dir.filename().string());

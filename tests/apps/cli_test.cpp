@@ -1,0 +1,202 @@
+// The CLI as users run it: the contract's output, and one clear sentence for every bad input
+// (PRODUCT.md), never a crash, an abort or a huge allocation.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/safetensors.h"
+#include "formats/safetensors_writer.h"
+
+namespace fs = std::filesystem;
+
+namespace tetra {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+RunResult run_cli(const std::string& args) {
+  const fs::path err_file = fs::temp_directory_path() / ("tetra_cli_err_" + std::to_string(::getpid()));
+  const std::string cmd = std::string(TETRA_CLI) + " " + args + " 2>" + err_file.string();
+  RunResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream e(err_file);
+  r.err.assign(std::istreambuf_iterator<char>(e), {});
+  fs::remove(err_file);
+  return r;
+}
+
+const fs::path kFixture = fs::path(TETRA_SOURCE_DIR) / "tests/fixtures/qwen3_moe-tiny";
+
+// A scratch copy of the fixture that a test may break.
+class BrokenModel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(kFixture / "model.safetensors")) << kFixture << " is missing";
+    dir_ = fs::temp_directory_path() / ("tetra_cli_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    fs::copy_file(kFixture / "config.json", dir_ / "config.json");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Rewrites the fixture's tensors into dir_, letting `edit` drop (return false) or change one.
+  template <typename Edit>
+  void write_tensors(Edit edit) {
+    auto src = Checkpoint::open(kFixture);
+    std::vector<TensorDecl> decls;
+    std::vector<std::pair<std::string, TensorView>> data;
+    for (const auto& name : src->names()) {
+      TensorView v = src->get(name);
+      TensorDecl d{name, v.dtype, v.shape};
+      if (!edit(d)) continue;
+      decls.push_back(d);
+      data.emplace_back(name, v);
+    }
+    SafetensorsWriter w(dir_ / "model.safetensors", decls);
+    std::vector<char> zeros;
+    for (size_t i = 0; i < decls.size(); ++i) {
+      const int64_t bytes = decls[i].shape.numel() * dtype_bits(decls[i].dtype) / 8;
+      if (bytes == data[i].second.nbytes()) {
+        w.write(decls[i].name, data[i].second.data, uint64_t(bytes));
+      } else {
+        zeros.assign(size_t(bytes), 0);
+        w.write(decls[i].name, zeros.data(), uint64_t(bytes));
+      }
+    }
+    w.finish();
+  }
+
+  RunResult generate() { return run_cli("generate --model " + dir_.string() + " --prompt-ids 1,2,3 --max-new-tokens 2"); }
+
+  fs::path dir_;
+};
+
+// One line on stderr, naming what it must name, exit code 1.
+void expect_clear_error(const RunResult& r, const std::string& must_contain) {
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find(must_contain), std::string::npos) << r.err;
+  const auto lines = std::count(r.err.begin(), r.err.end(), '\n');
+  EXPECT_LE(lines, 1) << "expected one sentence, got:\n" << r.err;
+}
+
+TEST(Cli, GenerateJsonMatchesTransformers) {
+  std::ifstream in(kFixture / "expected.json");
+  ASSERT_TRUE(in) << kFixture << "/expected.json is missing";
+  const auto expected = nlohmann::json::parse(in)["cases"][0];
+  std::string ids;
+  for (int id : expected["prompt_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  const auto r = run_cli("generate --model " + kFixture.string() + " --prompt-ids " + ids +
+                         " --max-new-tokens " + std::to_string(expected["max_new_tokens"].get<int>()) +
+                         " --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["token_ids"], expected["token_ids"]);
+  ASSERT_EQ(out["logprobs"].size(), expected["logprobs"].size());
+  for (size_t i = 0; i < out["logprobs"].size(); ++i)
+    EXPECT_NEAR(out["logprobs"][i].get<double>(), expected["logprobs"][i].get<double>(), 1e-4);
+  EXPECT_TRUE(out.contains("text"));
+}
+
+TEST(Cli, InspectReadsConfigAlone) {
+  const fs::path dir = fs::temp_directory_path() / ("tetra_cli_cfg_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(kFixture / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
+  const auto r = run_cli("inspect --model " + dir.string() + " --json");
+  fs::remove_all(dir);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out = nlohmann::json::parse(r.out);
+  EXPECT_EQ(out["model_type"], "qwen3_moe");
+  EXPECT_GT(out["params_total"].get<int64_t>(), out["params_active"].get<int64_t>());
+  EXPECT_FALSE(out.contains("weights"));
+}
+
+TEST(Cli, MissingFolder) {
+  expect_clear_error(run_cli("generate --model /nonexistent/model --prompt-ids 1"), "/nonexistent/model");
+}
+
+TEST(Cli, BadFlags) {
+  const auto r = run_cli("generate --model " + kFixture.string() + " --prompt-ids 1 --max-new-tokens -5");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("max-new-tokens"), std::string::npos) << r.err;
+  const auto ids = run_cli("generate --model " + kFixture.string() + " --prompt-ids 1,x,3");
+  expect_clear_error(ids, "--prompt-ids");
+  EXPECT_EQ(run_cli("frobnicate").exit_code, 2);
+}
+
+TEST(Cli, PromptIdOutsideVocabulary) {
+  expect_clear_error(run_cli("generate --model " + kFixture.string() + " --prompt-ids 1,99999999"),
+                     "99999999");
+}
+
+TEST_F(BrokenModel, NoWeightsFile) {
+  expect_clear_error(generate(), dir_.string());
+}
+
+TEST_F(BrokenModel, MalformedHeader) {
+  std::ofstream f(dir_ / "model.safetensors", std::ios::binary);
+  const uint64_t n = 1ull << 40;  // a header length far past the end of the file
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << "{\"a\": 1}";
+  f.close();
+  expect_clear_error(generate(), "model.safetensors");
+}
+
+TEST_F(BrokenModel, TruncatedFile) {
+  fs::copy_file(kFixture / "model.safetensors", dir_ / "model.safetensors");
+  fs::resize_file(dir_ / "model.safetensors", fs::file_size(dir_ / "model.safetensors") - 100);
+  expect_clear_error(generate(), "model.safetensors");
+}
+
+TEST_F(BrokenModel, MissingTensor) {
+  write_tensors([](TensorDecl& d) { return d.name != "model.layers.1.self_attn.k_proj.weight"; });
+  expect_clear_error(generate(), "model.layers.1.self_attn.k_proj.weight");
+}
+
+TEST_F(BrokenModel, WrongShape) {
+  write_tensors([](TensorDecl& d) {
+    if (d.name == "model.norm.weight") d.shape = Shape{d.shape[0] + 1};
+    return true;
+  });
+  expect_clear_error(generate(), "model.norm.weight");
+}
+
+TEST_F(BrokenModel, WrongDtype) {
+  write_tensors([](TensorDecl& d) {
+    if (d.name == "model.norm.weight") d.dtype = DType::I16;
+    return true;
+  });
+  expect_clear_error(generate(), "model.norm.weight");
+}
+
+TEST_F(BrokenModel, AbsurdConfigSizes) {
+  fs::copy_file(kFixture / "model.safetensors", dir_ / "model.safetensors");
+  for (auto [field, value] : {std::pair{"hidden_size", 1e12}, {"num_hidden_layers", 1e9},
+                              {"vocab_size", -3.0}, {"num_attention_heads", 0.0}}) {
+    std::ifstream in(kFixture / "config.json");
+    auto cfg = nlohmann::json::parse(in);
+    cfg[field] = int64_t(value);
+    std::ofstream(dir_ / "config.json") << cfg.dump();
+    SCOPED_TRACE(field);
+    expect_clear_error(generate(), field);
+  }
+}
+
+}  // namespace
+}  // namespace tetra
