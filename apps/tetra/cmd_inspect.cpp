@@ -73,7 +73,9 @@ int cmd_inspect(int argc, char** argv) {
   std::printf("parameters: %.3f B total, %.3f B active per token\n", double(sizes.params_total) / 1e9,
               double(sizes.params_active) / 1e9);
   std::printf("KV cache: %s per token at bf16 (%s)\n", format_bytes(double(sizes.kv_bytes_per_token)).c_str(),
-              c.is_mla() ? "latent + rope key per layer" : "K and V per layer");
+              !c.is_mla() ? "K and V per layer"
+              : c.index_topk ? "latent + rope key + DSA indexer key per layer"
+                             : "latent + rope key per layer");
   if (c.n_mtp_layers) std::printf("MTP layers: %lld (skipped in generation)\n", (long long)c.n_mtp_layers);
   if (has_weights) {
     const auto& w = out["weights"];
