@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -137,6 +138,7 @@ struct Row {
   int tokens = 0, distinct = 0;
   Stats nvfp4, bf16;
   std::vector<std::pair<int, Stats>> sweep;
+  std::map<std::string, double> stage_us, stage_gbps;  // --breakdown
   double bytes = 0, flops = 0, floor_us = 0;
 };
 
@@ -171,6 +173,7 @@ nlohmann::json to_json(const Row& r) {
                    {"tflops", r.flops / s * 1e-12}, {"config", r.config}, {"why", r.why}};
   if (r.bf16.median_us > 0) j["bf16_cublas"] = stats(r.bf16);
   for (const auto& [tile, st] : r.sweep) j["sweep"][std::to_string(tile)] = stats(st);
+  for (const auto& [stage, us] : r.stage_us) j["stages_us"][stage] = us;
   return j;
 }
 
@@ -285,6 +288,43 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
       r.config = cfg.str();
       r.why = cfg.why;
       r.nvfp4 = time_fp4(cfg);
+      if (opt.breakdown) {
+        // Each stage alone, replayed from the state a full run left in the scratch (same
+        // inputs, same work items), weights rotated as above: where the layer's time goes.
+        ops::cuda::moe_experts(ctx, v_x, v_ids, v_w, *fp4[0], v_out, cfg);
+        const auto& ex0 = dynamic_cast<const ops::cuda::CudaMoeExperts&>(*fp4[0]);
+        const ops::cuda::MoeScratch sc = ops::cuda::moe_scratch_carve(ex0, ws.p, T, k, cfg.tile_tokens);
+        auto one = [&](auto&& enqueue) {
+          std::vector<std::unique_ptr<Graph>> g;
+          g.push_back(capture(stream, enqueue));
+          return time_graphs(stream, g, opt.iters).median_us;
+        };
+        auto per_layer = [&](auto&& enqueue) {
+          std::vector<std::unique_ptr<Graph>> g;
+          for (const auto& ex : fp4)
+            g.push_back(capture(stream, [&] { enqueue(dynamic_cast<const ops::cuda::CudaMoeExperts&>(*ex)); }));
+          return time_graphs(stream, g, opt.iters).median_us;
+        };
+        r.stage_us["route"] = one([&] { ops::cuda::route(ctx, v_logits, rs, v_ids, v_w); });
+        r.stage_us["permute"] = one([&] {
+          ops::cuda::launch_permute(stream, ids.as<int>(), T, k, E, ms.shared_expert, cfg.tile_tokens, sc);
+        });
+        r.stage_us["gate_up"] = per_layer([&](const ops::cuda::CudaMoeExperts& ex) {
+          ops::cuda::launch_gate_up(stream, ex, x.as<uint16_t>(), sc, cfg.tile_tokens);
+        });
+        r.stage_us["down"] = per_layer([&](const ops::cuda::CudaMoeExperts& ex) {
+          ops::cuda::launch_down(stream, ex, sc, cfg.tile_tokens);
+        });
+        r.stage_us["combine"] = one([&] {
+          ops::cuda::launch_combine(stream, sc.y, sc.pos, weights.as<float>(), T, k, ms.shared_expert, H,
+                                    out.as<uint16_t>());
+        });
+        const double n_ex = r.distinct + (ms.shared_expert ? 1 : 0);
+        r.stage_gbps["gate_up"] = n_ex * (ex0.w13_expert_bytes() + ex0.w13_scale_expert_bytes()) /
+                                  (r.stage_us["gate_up"] * 1e-6) * 1e-9;
+        r.stage_gbps["down"] = n_ex * (ex0.w2_expert_bytes() + ex0.w2_scale_expert_bytes()) /
+                               (r.stage_us["down"] * 1e-6) * 1e-9;
+      }
       if (opt.sweep_tiles)
         for (int tile : {8, 16, 32, 64}) r.sweep.push_back({tile, time_fp4(ops::cuda::MoeConfig{tile, false, "sweep"})});
 
@@ -311,6 +351,11 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
       } else {
         print_row(r);
         if (opt.verbose) std::printf("%-11s   config: %s (%s)\n", "", r.config.c_str(), r.why.c_str());
+        if (!r.stage_us.empty())
+          std::printf("%-11s   stages: route %.1f us, permute %.1f us, gate_up %.1f us (%.0f GB/s), "
+                      "down %.1f us (%.0f GB/s), combine %.1f us\n",
+                      "", r.stage_us["route"], r.stage_us["permute"], r.stage_us["gate_up"],
+                      r.stage_gbps["gate_up"], r.stage_us["down"], r.stage_gbps["down"], r.stage_us["combine"]);
         std::fflush(stdout);
       }
     }

@@ -31,7 +31,7 @@ int bench_moe(int argc, char** argv) {
   std::string shapes = "glm5,deepseek-v3,qwen3-30b", tokens = "1,4,16,64,256,1024,4096,16384";
   std::string routing = "uniform,skewed";
   int iters = 30, tile = 0;
-  bool sweep = false, no_baseline = false, json = false, verbose = false;
+  bool sweep = false, breakdown = false, no_baseline = false, json = false, verbose = false;
   app.add_option("--shape", shapes, "comma-separated shapes: glm5, deepseek-v3, qwen3-30b");
   app.add_option("--tokens", tokens, "comma-separated token counts (1..65536)");
   app.add_option("--routing", routing, "comma-separated routings: uniform, skewed");
@@ -40,6 +40,7 @@ int bench_moe(int argc, char** argv) {
   app.add_option("--tile", tile, "force the GEMM tile width in tokens (8, 16, 32, 64)")
       ->check(CLI::IsMember({0, 8, 16, 32, 64}));
   app.add_flag("--sweep", sweep, "also time every tile width and print each");
+  app.add_flag("--breakdown", breakdown, "also time each stage of the layer alone");
   app.add_flag("--no-baseline", no_baseline, "skip the BF16 cuBLAS baseline");
   app.add_flag("--json", json, "print one JSON object on stdout");
   app.add_flag("--verbose", verbose, "say which configuration was chosen and why");
@@ -63,6 +64,7 @@ int bench_moe(int argc, char** argv) {
   opt.iters = iters;
   opt.tile_tokens = tile;
   opt.sweep_tiles = sweep;
+  opt.breakdown = breakdown;
   opt.baseline = !no_baseline;
   opt.json = json;
   opt.verbose = verbose;
