@@ -32,6 +32,7 @@ class BlockManager {
   BlockManager(int64_t n_blocks, int block_size, bool prefix_caching);
 
   int block_size() const { return block_size_; }
+  bool prefix_caching() const { return prefix_caching_; }
   int64_t n_total() const { return allocator_.n_total(); }
   // Blocks no sequence references: never used, or cached and evictable.
   int64_t n_free() const { return allocator_.n_free() + int64_t(lru_.size()); }

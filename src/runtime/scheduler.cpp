@@ -40,6 +40,21 @@ int64_t Scheduler::blocks_to_next_token(const Request& r) const {
   return std::max<int64_t>(0, blocks_.blocks_for(r.n_tokens() + 1) - int64_t(r.table.blocks.size()));
 }
 
+bool Scheduler::awaits_shared_prefix(const Request& r) const {
+  if (!blocks_.prefix_caching()) return false;
+  const int64_t bs = blocks_.block_size();
+  const int64_t matchable = (r.n_tokens() - 1) / bs * bs;
+  for (const Request* p : running_) {
+    // Only prompt blocks are cached, and those p has cached already are matched anyway.
+    const int64_t cacheable = std::min(matchable, p->prompt_len / bs * bs);
+    if (p->table.n_hashed * bs >= cacheable) continue;
+    const auto a = r.tokens.begin(), b = p->tokens.begin();
+    const int64_t common = std::mismatch(a, a + cacheable, b).first - a;
+    if (common / bs > p->table.n_hashed) return true;
+  }
+  return false;
+}
+
 std::vector<ScheduledChunk> Scheduler::schedule() {
   std::vector<ScheduledChunk> out;
   int64_t budget = config_.chunked_prefill_size;
@@ -80,9 +95,14 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
   // Then queued requests, in order, while slots, prefill budget and blocks last. Admission
   // never preempts: a request that does not fit waits for blocks to be freed.
   const int bs = blocks_.block_size();
-  while (!waiting_.empty() && int64_t(running_.size()) < config_.max_running_requests &&
-         budget > 0) {
-    Request* r = waiting_.front();
+  for (auto it = waiting_.begin(); it != waiting_.end() &&
+                                   int64_t(running_.size()) < config_.max_running_requests &&
+                                   budget > 0;) {
+    Request* r = *it;
+    if (awaits_shared_prefix(*r)) {
+      ++it;
+      continue;
+    }
     // At least one token must run to produce logits, so the last one is never matched.
     const int64_t matched = blocks_.match_prefix(r->tokens, (r->n_tokens() - 1) / bs, r->table);
     r->n_computed = matched * bs;
@@ -96,7 +116,7 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     }
     blocks_.allocate(need, r->table);
     promised += whole - need;
-    waiting_.pop_front();
+    it = waiting_.erase(it);
     if (r->preemptions == 0) {
       r->cached_prompt_tokens = r->n_computed;
       stats_.prefix_hit_tokens += r->n_computed;

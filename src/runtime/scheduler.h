@@ -2,7 +2,9 @@
 // piece of a prompt within the step's prefill budget), then new requests from the queue while
 // slots, budget and blocks allow. When blocks run out, the latest-arrived running request is
 // preempted: its blocks are freed and it goes back to the front of the queue, keeping its
-// generated tokens to recompute with the prompt (vLLM's recompute preemption).
+// generated tokens to recompute with the prompt (vLLM's recompute preemption). A queued
+// request whose prompt starts with blocks a running request is still computing waits for
+// them to reach the prefix cache.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +58,10 @@ class Scheduler {
  private:
   void preempt(Request* request);
   int64_t blocks_to_next_token(const Request& r) const;
+  // A running request is still computing prompt blocks that r shares: r waits for them to
+  // be cached instead of computing the same prefix beside it (n choices of one prompt, a
+  // system prompt shared by a burst of requests).
+  bool awaits_shared_prefix(const Request& r) const;
   void insert_running(Request* request);
 
   SchedulerConfig config_;

@@ -172,6 +172,42 @@ TEST(EnginePrefixCache, SharedPrefixHitsAndGivesTheSameTokens) {
   EXPECT_EQ(out.by_id[id3].tokens, out.by_id[id2].tokens);
 }
 
+TEST(EnginePrefixCache, RequestsArrivingTogetherShareAPromptBeingComputed) {
+  // Four choices of one prompt (the server's n = 4) and one request sharing only its first
+  // half, all submitted before the first step: the first computes the prompt, the others
+  // wait a step and take its blocks from the cache.
+  testing::TinyModel m;
+  EngineConfig c = testing::small_config();
+  c.block_size = 4;
+  c.chunked_prefill_size = 16;  // the shared prompt takes 3 steps to compute
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  std::mt19937 rng(13);
+  const auto prompt = testing::random_prompt(rng, 41, m.vocab());
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    RequestParams p = testing::greedy(prompt, 5);
+    p.sampling.temperature = 0.7f;
+    p.seed = uint64_t(i);
+    ids.push_back(testing::submit_ok(engine, p, out));
+  }
+  auto half = testing::greedy(std::vector<int32_t>(prompt.begin(), prompt.begin() + 20), 5);
+  half.prompt.push_back(3);
+  const auto half_id = testing::submit_ok(engine, half, out);
+  testing::drain(engine);
+  EXPECT_EQ(out.by_id[ids[0]].cached_prompt_tokens, 0);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(out.by_id[ids[size_t(i)]].cached_prompt_tokens, 40) << i;
+  EXPECT_EQ(out.by_id[half_id].cached_prompt_tokens, 20);
+  EXPECT_EQ(out.by_id[half_id].tokens, testing::reference(m, half).token_ids);
+  for (int i = 0; i < 4; ++i) {
+    RequestParams p = testing::greedy(prompt, 5);
+    p.sampling.temperature = 0.7f;
+    p.seed = uint64_t(i);
+    EXPECT_EQ(out.by_id[ids[size_t(i)]].tokens, testing::reference(m, p).token_ids) << i;
+  }
+  EXPECT_EQ(engine.stats().prefix_cache_hit_tokens, 3 * 40 + 20);
+}
+
 TEST(EnginePrefixCache, ForcedHashCollisionsServeNoWrongBlocks) {
   testing::TinyModel m;
   EngineConfig c = testing::small_config();
