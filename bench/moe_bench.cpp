@@ -211,12 +211,11 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
   DeviceMem x(size_t(t_max) * H * 2), logits(size_t(t_max) * E * 4), bias(size_t(E) * 4),
       ids(size_t(t_max) * k * 4), weights(size_t(t_max) * k * 4), out(size_t(t_max) * H * 2);
   ops::cuda::launch_fill_random_bf16(stream, x.as<uint16_t>(), int64_t(t_max) * H, 7, 1.7f);
+  std::vector<float> skew_bias(static_cast<size_t>(E));
   {
     std::mt19937 rng(3);
     std::normal_distribution<float> nd(0.0f, 0.05f);
-    std::vector<float> b(static_cast<size_t>(E));
-    for (auto& v : b) v = nd(rng);
-    TETRA_CUDA_CHECK(cudaMemcpy(bias.p, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
+    for (auto& v : skew_bias) v = nd(rng);
   }
   const int64_t ws_bytes = ops::cuda::moe_workspace_bytes(*fp4[0], t_max, k);
   DeviceMem ws{static_cast<size_t>(ws_bytes)};
@@ -244,6 +243,10 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
   if (spec.scoring == ops::Scoring::Sigmoid) rs.correction_bias = {bias.p, DType::F32, {E}, Device::Cuda};
 
   for (const std::string& routing : opt.routings) {
+    // The correction bias favours some experts for every token: the skewed routing gets a
+    // random one, the uniform routing none.
+    const std::vector<float> b = routing == "skewed" ? skew_bias : std::vector<float>(size_t(E), 0.0f);
+    TETRA_CUDA_CHECK(cudaMemcpy(bias.p, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
     for (int T : opt.tokens) {
       const std::vector<float> hl = draw_logits(T, E, routing == "skewed", 11 + T);
       TETRA_CUDA_CHECK(cudaMemcpy(logits.p, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));

@@ -4,6 +4,7 @@
 // layer is capturable in a CUDA graph.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cuda/cuda_check.h"
@@ -202,7 +203,11 @@ __global__ void combine_kernel(const float* __restrict__ y, const int* __restric
                                int hidden, __nv_bfloat16* __restrict__ out) {
   const int t = blockIdx.x;
   const int kk = top_k + (shared ? 1 : 0);
-  for (int h = 4 * threadIdx.x; h < hidden; h += 4 * blockDim.x) {
+  // blockIdx.y splits the row: one block per token alone would leave a 1-token batch to a
+  // single SM reading 9 rows of y one after another.
+  const int span = ((hidden + gridDim.y - 1) / gridDim.y + 3) & ~3;  // float4-aligned
+  const int h_end = min(hidden, int(blockIdx.y + 1) * span);
+  for (int h = blockIdx.y * span + 4 * threadIdx.x; h < h_end; h += 4 * blockDim.x) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int j = 0; j < kk; ++j) {
       const float w = j < top_k ? weights[int64_t(t) * top_k + j] : 1.0f;
@@ -275,7 +280,9 @@ void launch_permute(cudaStream_t stream, const int* ids, int n_tokens, int top_k
 void launch_combine(cudaStream_t stream, const float* y, const int* pos, const float* weights,
                     int n_tokens, int top_k, bool shared, int hidden, uint16_t* out) {
   TETRA_CHECK(hidden % 4 == 0, "moe combine: hidden size must be a multiple of 4");
-  combine_kernel<<<n_tokens, 256, 0, stream>>>(y, pos, weights, top_k, shared, hidden,
+  // Enough blocks to fill the GPU at small T; spans stay multiples of 4 values.
+  const int split = n_tokens >= 256 ? 1 : std::min(hidden / 256, (1024 + n_tokens - 1) / n_tokens);
+  combine_kernel<<<dim3(n_tokens, std::max(split, 1)), 256, 0, stream>>>(y, pos, weights, top_k, shared, hidden,
                                                 reinterpret_cast<__nv_bfloat16*>(out));
   TETRA_CUDA_CHECK_LAUNCH("moe combine");
 }
