@@ -112,9 +112,8 @@ BpeModel BpeModel::from_json(const nlohmann::json& model) {
 
 // Short pieces (nearly all of them): keep the rank of each adjacent pair in an array and scan
 // it for the minimum; the scan is cheaper than a heap below a few hundred symbols.
-void BpeModel::merge_small(std::vector<TokenId>& sym) const {
+size_t BpeModel::merge_small(TokenId* sym, size_t n) const {
   constexpr uint32_t kNone = ~0u;
-  size_t n = sym.size();
   uint32_t rank_buf[256];
   TokenId id_buf[256];
   auto lookup = [&](size_t i) {
@@ -136,7 +135,7 @@ void BpeModel::merge_small(std::vector<TokenId>& sym) const {
     if (best > 0) lookup(best - 1);
     if (best + 1 < n) lookup(best);
   }
-  sym.resize(n);
+  return n;
 }
 
 // Long pieces (a 1 MB run of letters is one piece): a heap of candidate merges over a linked
@@ -150,26 +149,27 @@ void BpeModel::merge_large(std::vector<TokenId>& sym) const {
     next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
   }
   struct Cand {
-    uint32_t rank;
-    int32_t pos;       // left symbol; positions keep their original order
-    TokenId left, right;
-    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    uint64_t key;  // rank << 32 | position of the left symbol: lowest rank, then leftmost
+    TokenId left, right, merged;
+    bool operator>(const Cand& o) const { return key > o.key; }
   };
-  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  std::vector<Cand> storage;
+  storage.reserve(n);
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap(std::greater<Cand>(), std::move(storage));
   auto push = [&](int32_t i) {
     int32_t j = next[i];
     if (j < 0) return;
     if (const MergeTable::Merge* m = merges_.find(sym[i], sym[j]))
-      heap.push({m->rank, i, sym[i], sym[j]});
+      heap.push({(static_cast<uint64_t>(m->rank) << 32) | static_cast<uint32_t>(i), sym[i], sym[j], m->id});
   };
   for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
   while (!heap.empty()) {
     Cand c = heap.top();
     heap.pop();
-    int32_t i = c.pos, j = next[i];
+    int32_t i = static_cast<int32_t>(c.key & 0xFFFFFFFFu), j = next[i];
     // Stale entries: a symbol changed since this candidate was pushed.
     if (!alive[i] || j < 0 || sym[i] != c.left || sym[j] != c.right) continue;
-    sym[i] = merges_.find(c.left, c.right)->id;
+    sym[i] = c.merged;
     alive[j] = 0;
     next[i] = next[j];
     if (next[j] >= 0) prev[next[j]] = i;
@@ -192,15 +192,21 @@ void BpeModel::encode_piece(std::string_view bytes, std::vector<TokenId>& out) c
       return;
     }
   }
+  // A byte missing from the vocab is dropped, as HF BPE does without an unk token.
+  if (bytes.size() <= 256) {
+    TokenId sym[256];
+    size_t n = 0;
+    for (unsigned char b : bytes)
+      if (byte_ids_[b] >= 0) sym[n++] = byte_ids_[b];
+    n = merge_small(sym, n);
+    out.insert(out.end(), sym, sym + n);
+    return;
+  }
   std::vector<TokenId> sym;
   sym.reserve(bytes.size());
-  // A byte missing from the vocab is dropped, as HF BPE does without an unk token.
   for (unsigned char b : bytes)
     if (byte_ids_[b] >= 0) sym.push_back(byte_ids_[b]);
-  if (sym.size() <= 256)
-    merge_small(sym);
-  else
-    merge_large(sym);
+  merge_large(sym);
   out.insert(out.end(), sym.begin(), sym.end());
 }
 

@@ -65,7 +65,8 @@ class BpeModel {
   TokenId max_id() const { return max_id_; }
 
  private:
-  void merge_small(std::vector<TokenId>& symbols) const;
+  // Merges symbols[0..n) in place; returns the new count.
+  size_t merge_small(TokenId* symbols, size_t n) const;
   void merge_large(std::vector<TokenId>& symbols) const;
 
   std::unordered_map<std::string, TokenId> vocab_;  // byte-level token string -> id

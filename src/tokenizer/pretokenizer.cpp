@@ -1,5 +1,7 @@
 #include "tokenizer/pretokenizer.h"
 
+#include <algorithm>
+
 #include <utf8proc.h>
 
 #include <nlohmann/json.hpp>
@@ -126,6 +128,16 @@ void PreTokenizer::split(std::string_view text, std::vector<Span>& out) const {
       std::string_view sub = text.substr(piece.first, piece.second - piece.first);
       matches.clear();
       step.regex.find_all(sub, matches);
+      if (step.behavior == Behavior::Isolated) {  // the common case: every match is a piece
+        size_t prev = 0;
+        for (auto [b, e] : matches) {
+          if (prev < b) next.push_back({piece.first + prev, piece.first + b});
+          if (e > b) next.push_back({piece.first + b, piece.first + e});
+          prev = e;
+        }
+        if (prev < sub.size()) next.push_back({piece.first + prev, piece.second});
+        continue;
+      }
       parts.clear();
       size_t prev = 0;
       for (auto [b, e] : matches) {
@@ -138,7 +150,7 @@ void PreTokenizer::split(std::string_view text, std::vector<Span>& out) const {
       std::vector<std::pair<Span, bool>> folded;
       bool prev_match = false;
       switch (step.behavior) {
-        case Behavior::Isolated: folded = parts; break;
+        case Behavior::Isolated: break;
         case Behavior::Removed:
           for (auto& p : parts)
             if (!p.second) folded.push_back(p);

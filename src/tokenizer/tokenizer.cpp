@@ -51,9 +51,14 @@ std::string byte_level_decode(std::string_view token) {
 // Word -> ids, sharded so that threads encoding at once rarely wait on the same lock.
 struct Tokenizer::WordCache {
   static constexpr size_t kShards = 64, kShardEntries = 8192;
+  // Transparent hashing: lookups by string_view allocate nothing.
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
   struct Shard {
     std::mutex mu;
-    std::unordered_map<std::string, std::vector<TokenId>> map;
+    std::unordered_map<std::string, std::vector<TokenId>, Hash, std::equal_to<>> map;
   };
   std::array<Shard, kShards> shards;
 };
@@ -230,11 +235,12 @@ void Tokenizer::encode_normalized(std::string_view text, std::vector<TokenId>& o
       bpe_.encode_piece(piece, out);
       continue;
     }
-    size_t h = std::hash<std::string_view>{}(piece);
-    WordCache::Shard& shard = cache_->shards[h % WordCache::kShards];
+    size_t h = WordCache::Hash{}(piece);
+    // High bits pick the shard; the map itself uses the low bits.
+    WordCache::Shard& shard = cache_->shards[(h >> 48) % WordCache::kShards];
     {
       std::lock_guard<std::mutex> lock(shard.mu);
-      auto it = shard.map.find(std::string(piece));
+      auto it = shard.map.find(piece);
       if (it != shard.map.end()) {
         out.insert(out.end(), it->second.begin(), it->second.end());
         continue;
