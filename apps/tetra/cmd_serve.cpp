@@ -1,0 +1,149 @@
+// tetra serve: the OpenAI-compatible server. It listens first (health 503 while the model
+// loads), then runs the engine on its own thread and the HTTP server on a few I/O threads.
+#include <CLI/CLI.hpp>
+
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "commands.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tetra::cli {
+namespace {
+
+// "256M", "2G", "1048576": bytes with an optional binary suffix.
+int64_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string suffix = text.substr(used);
+  double scale = 1;
+  if (suffix == "K" || suffix == "KiB" || suffix == "k") scale = 1024.0;
+  else if (suffix == "M" || suffix == "MiB") scale = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GiB") scale = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty()) used = 0;
+  TETRA_CHECK(used > 0 && v > 0 && v * scale <= double(int64_t(1) << 50),
+              "--kv-memory must be a size such as 256M or 2G, got '", text, "'");
+  return int64_t(v * scale);
+}
+
+// Thousands of streams need thousands of descriptors: take the hard limit.
+void raise_fd_limit() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+}
+
+}  // namespace
+
+int cmd_serve(int argc, char** argv) {
+  CLI::App app{"Serve a model over an OpenAI-compatible HTTP API.", "tetra serve"};
+  std::string model_dir, host = "127.0.0.1", device = "cpu", kv_memory = "256M", served_name;
+  int port = 30000, tp = 1, ep = 1, threads = 0, http_threads = 2;
+  runtime::EngineConfig engine_config;
+  double mem_fraction = 0.85, shutdown_timeout = 30, read_timeout = 30;
+  int64_t context_length = 0;
+  app.add_option("--model", model_dir, "model folder (config.json, safetensors, tokenizer.json)")->required();
+  app.add_option("--host", host, "address to listen on");
+  app.add_option("--port", port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--max-running-requests", engine_config.max_running_requests, "requests in the running batch")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--max-queued-requests", engine_config.max_queued_requests,
+                 "requests waiting beyond the running batch; more are refused with 429")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--num-continuous-decode-steps", engine_config.num_continuous_decode_steps,
+                 "decode steps run back to back before scheduling again")->check(CLI::Range(1, 64));
+  app.add_option("--chunked-prefill-size", engine_config.chunked_prefill_size, "prompt tokens per step at most")
+      ->check(CLI::Range(int64_t(16), int64_t(1) << 24));
+  app.add_option("--mem-fraction-static", mem_fraction, "GPU memory fraction for weights and KV cache")
+      ->check(CLI::Range(0.01, 1.0));
+  app.add_option("--kv-memory", kv_memory, "CPU memory for the KV cache (e.g. 256M, 2G)");
+  app.add_option("--context-length", context_length, "tokens per sequence (0: the model's maximum)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  app.add_option("--served-model-name", served_name, "model name in the API (default: the folder name)");
+  app.add_option("--tp", tp, "tensor-parallel size")->check(CLI::Range(1, 64));
+  app.add_option("--ep", ep, "expert-parallel size")->check(CLI::Range(1, 64));
+  app.add_option("--threads", threads, "CPU compute threads (0 = all cores)")->check(CLI::Range(0, 4096));
+  app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 256));
+  app.add_option("--shutdown-timeout", shutdown_timeout,
+                 "seconds SIGTERM lets running requests finish (0: abort them at once)")->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--read-timeout", read_timeout, "seconds a client has to send a whole request")
+      ->check(CLI::Range(0.1, 3600.0));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  TETRA_CHECK(device == "cpu", "--device cuda is not served yet; use --device cpu");
+  TETRA_CHECK(tp == 1, "--tp ", tp, " is not supported yet; tetra serve runs on one device (--tp 1)");
+  TETRA_CHECK(ep == 1, "--ep ", ep, " is not supported yet; tetra serve runs on one device (--ep 1)");
+  const std::filesystem::path dir(model_dir);
+  TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
+  TETRA_CHECK(std::filesystem::exists(dir / "tokenizer.json"), "tetra serve needs ",
+              (dir / "tokenizer.json").string(), " to turn text into tokens");
+  engine_config.kv_memory_bytes = parse_bytes(kv_memory);
+  engine_config.max_context = context_length;
+  if (served_name.empty()) served_name = std::filesystem::absolute(dir).lexically_normal().filename().string();
+  if (served_name.empty()) served_name = std::filesystem::absolute(dir).parent_path().filename().string();
+  raise_fd_limit();
+
+  server::Server srv(server::ServerOptions{.host = host,
+                                           .port = port,
+                                           .http_threads = http_threads,
+                                           .shutdown_timeout_s = shutdown_timeout,
+                                           .read_timeout_s = read_timeout});
+  srv.start();
+  std::fprintf(stderr, "tetra serve: listening on http://%s:%d, loading %s\n", host.c_str(), srv.port(),
+               dir.string().c_str());
+
+  tok::Tokenizer tokenizer = tok::Tokenizer::load(dir);
+  auto backend = ops::make_cpu_backend(threads);
+  auto model = model::load_model(dir, *backend);
+  const ModelConfig& mc = model->config();
+  runtime::Engine engine(*model, *backend, engine_config);
+  std::thread engine_thread([&engine] {
+    try {
+      engine.run();
+    } catch (const std::exception& e) {
+      // The engine cannot continue; a supervisor restarts the process.
+      std::fprintf(stderr, "tetra serve: engine failed: %s\n", e.what());
+      std::_Exit(1);
+    }
+  });
+  const int64_t max_context = engine.config().max_context > 0 ? engine.config().max_context
+                              : context_length > 0             ? std::min(context_length, mc.max_position_embeddings)
+                                                               : mc.max_position_embeddings;
+  srv.set_ready({.engine = &engine,
+                 .tokenizer = &tokenizer,
+                 .model_name = served_name,
+                 .max_context = max_context,
+                 .vocab_size = mc.vocab_size});
+  const runtime::EngineStats stats = engine.stats();
+  std::fprintf(stderr, "tetra serve: ready: %s, context %lld tokens, %lld KV blocks, http://%s:%d/v1\n",
+               served_name.c_str(), static_cast<long long>(max_context),
+               static_cast<long long>(stats.kv_blocks_total), host.c_str(), srv.port());
+
+  const int rc = srv.wait();
+  engine.stop();
+  engine_thread.join();
+  std::fprintf(stderr, "tetra serve: stopped\n");
+  return rc;
+}
+
+}  // namespace tetra::cli
