@@ -369,26 +369,30 @@ GemmParams base_params(const CudaMoeExperts& ex, const MoeScratch& s, bool gate_
   return p;
 }
 
-// Few tokens a tile: split K 4 ways inside the block (the weight stream is the cost). Many:
-// one row tile per warp, so the 4 warps of a block share their activations through L1.
-template <bool kFp4, int kNT, int kS, int kSplit>
+// Few tokens a tile: split K inside the block (the weight stream is the cost): 4 ways for
+// gate/up (K = H, 48 chunks on GLM-5), 2 ways for down (K = I, 16 chunks: 4 ways would leave
+// a warp 4 chunks, too few to fill its pipeline). Many tokens: one row tile per warp, so the
+// 4 warps of a block share their activations through L1.
+template <bool kFp4, int kNT, int kS, int kSplitGateUp, int kSplitDown>
 void launch_pair(cudaStream_t stream, const GemmParams& p, int max_items, bool gate_up) {
-  constexpr int kTileRows = 16 * kWarps / kSplit;  // rows of I (gate/up) or H/2 (down) a block owns
   const dim3 block(kWarps * 32);
-  if (gate_up)
-    gate_up_kernel<kFp4, kNT, kS, kSplit><<<dim3(max_items, p.n / kTileRows), block, 0, stream>>>(p);
-  else
-    down_kernel<kFp4, kNT, kS, kSplit><<<dim3(max_items, p.n / (2 * kTileRows)), block, 0, stream>>>(p);
+  if (gate_up) {
+    constexpr int kRows = 16 * kWarps / kSplitGateUp;  // columns of h a block owns
+    gate_up_kernel<kFp4, kNT, kS, kSplitGateUp><<<dim3(max_items, p.n / kRows), block, 0, stream>>>(p);
+  } else {
+    constexpr int kRows = 32 * kWarps / kSplitDown;  // rows of W_down a block owns
+    down_kernel<kFp4, kNT, kS, kSplitDown><<<dim3(max_items, p.n / kRows), block, 0, stream>>>(p);
+  }
   TETRA_CUDA_CHECK_LAUNCH(gate_up ? "moe gate_up" : "moe down");
 }
 
 template <bool kFp4>
 void launch_gemm(cudaStream_t stream, const GemmParams& p, int tile_tokens, int max_items, bool gate_up) {
   switch (tile_tokens) {
-    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, 4>(stream, p, max_items, gate_up); break;
-    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4>(stream, p, max_items, gate_up); break;
-    case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1>(stream, p, max_items, gate_up); break;
-    case 64: launch_pair<kFp4, 8, 2, 1>(stream, p, max_items, gate_up); break;
+    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, 4, 2>(stream, p, max_items, gate_up); break;
+    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4, 2>(stream, p, max_items, gate_up); break;
+    case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(stream, p, max_items, gate_up); break;
+    case 64: launch_pair<kFp4, 8, 2, 1, 1>(stream, p, max_items, gate_up); break;
     default: fail("moe: tile_tokens must be 8, 16, 32 or 64, not ", tile_tokens);
   }
 }
