@@ -167,7 +167,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     stream_.expires_after(to_ms(state_.options.write_timeout_s));
     net::async_write(stream_, net::buffer(out_), [self = shared_from_this(), done](beast::error_code ec, size_t) {
       self->writing_ = false;
-      if (ec) return self->client_left();
+      // The watch may have seen the client leave while this write was in flight.
+      if (ec || !self->gen_) return self->client_left();
       if (!done) return self->pump();
       self->end_generation();
       if (!self->keep_alive_ || self->state_.phase.load() == Phase::Draining) return self->close();
@@ -207,6 +208,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void end_generation() {
+    if (!gen_) return;
     gen_->release();
     gen_.reset();
     head_sent_ = false;
