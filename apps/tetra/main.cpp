@@ -14,6 +14,9 @@ int cmd_eval(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_inspect(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
+#ifdef TETRA_HAVE_SERVER
+int cmd_serve(int argc, char** argv);
+#endif
 #ifdef TETRA_HAVE_TOKENIZER
 int cmd_tokenize(int argc, char** argv);
 #endif
@@ -30,6 +33,9 @@ const Command kCommands[] = {
     {"eval", "perplexity, KL divergence and top-1 agreement against a reference model",
      tetra::cli::cmd_eval},
     {"quantize", "quantize a BF16 checkpoint to NVFP4 (ModelOpt format)", tetra::cli::cmd_quantize},
+#ifdef TETRA_HAVE_SERVER
+    {"serve", "serve a model over an OpenAI-compatible HTTP API", tetra::cli::cmd_serve},
+#endif
 #ifdef TETRA_HAVE_TOKENIZER
     {"tokenize", "token ids of a text, a JSONL file of texts, or a chat", tetra::cli::cmd_tokenize},
 #endif
