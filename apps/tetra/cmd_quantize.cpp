@@ -2,6 +2,7 @@
 // SGLang read it). The work is formats/quantize_checkpoint; this file parses flags and shows
 // progress.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -31,8 +32,8 @@ int cmd_quantize(int argc, char** argv) {
   app.add_option("--out", out_dir, "output folder (must not exist)")->required();
   app.add_option("--scheme", scheme, "quantization scheme (nvfp4)");
   app.add_option("--calib", calib,
-                 "text file to calibrate activation scales on (W4A4 NVFP4); without it the "
-                 "checkpoint is W4A16_NVFP4");
+                 "text to calibrate activation scales on (W4A4 NVFP4), or a .json list of token "
+                 "ids; without it the checkpoint is W4A16_NVFP4");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -46,15 +47,27 @@ int cmd_quantize(int argc, char** argv) {
   TETRA_CHECK(!std::filesystem::exists(opt.dst), "output folder ", out_dir,
               " already exists; choose a new one (tetra quantize never overwrites)");
   if (!calib.empty()) {
-#ifdef TETRA_HAVE_TOKENIZER
     std::ifstream in(calib, std::ios::binary);
     TETRA_CHECK(in, "cannot read the calibration text ", calib);
     std::stringstream text;
     text << in.rdbuf();
-    TETRA_CHECK(std::filesystem::exists(opt.src / "tokenizer.json"), "--calib needs ",
-                (opt.src / "tokenizer.json").string(), " to tokenize the text");
     std::vector<int32_t> tokens;
-    for (auto id : tok::Tokenizer::load(opt.src).encode(text.str())) tokens.push_back(int32_t(id));
+    if (calib.ends_with(".json")) {  // token ids, for models without a tokenizer
+      try {
+        tokens = nlohmann::json::parse(text.str()).get<std::vector<int32_t>>();
+      } catch (const nlohmann::json::exception&) {
+        fail("--calib ", calib, " is not a JSON list of token ids (a .json file must be one)");
+      }
+    } else {
+#ifdef TETRA_HAVE_TOKENIZER
+      TETRA_CHECK(std::filesystem::exists(opt.src / "tokenizer.json"), "--calib needs ",
+                  (opt.src / "tokenizer.json").string(),
+                  " to tokenize the text (or give token ids as a .json list)");
+      for (auto id : tok::Tokenizer::load(opt.src).encode(text.str())) tokens.push_back(int32_t(id));
+#else
+      fail("--calib with a text needs a build with the tokenizer (or give token ids as a .json list)");
+#endif
+    }
     TETRA_CHECK(!tokens.empty(), "the calibration text ", calib, " encodes to no tokens");
     // The BF16 model runs over the text on the CPU; each MLP linear's largest input becomes
     // its input_scale (W4A4).
@@ -63,9 +76,6 @@ int cmd_quantize(int argc, char** argv) {
     copt.on_progress = [&](int64_t done, int64_t) { calib_progress.update(done, 0); };
     opt.input_amax = runtime::calibrate_input_amax(opt.src, tokens, copt);
     calib_progress.finish(int64_t(tokens.size()), 0);
-#else
-    fail("--calib needs a build with the tokenizer");
-#endif
   }
   // The label carries the totals, known from the first report on.
   std::optional<Progress> progress;
