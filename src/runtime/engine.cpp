@@ -134,7 +134,7 @@ struct Engine::Impl {
   int64_t logits_capacity = 0;
   std::vector<float> logits_host;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests;
-  int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, failed_steps = 0;
 
   mutable std::mutex mu;
   std::condition_variable wake;
@@ -195,6 +195,7 @@ void Engine::Impl::publish_stats() {
   s.prompt_tokens = prompt_tokens;
   s.generated_tokens = generated_tokens;
   s.steps = steps;
+  s.failed_steps = failed_steps;
   std::lock_guard<std::mutex> lock(mu);
   s.waiting += int64_t(inbox.size());
   queued = scheduler.n_waiting();
@@ -266,6 +267,7 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
   } catch (const std::exception& e) {
     // The batch's requests cannot continue; the others keep their state and run next step.
     log_warn("engine step failed: ", e.what());
+    ++failed_steps;
     for (const auto& c : chunks) finish(c.request, FinishReason::Error, e.what());
     return;
   }

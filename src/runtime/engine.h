@@ -83,6 +83,7 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;  // totals since start
   int64_t steps = 0;
+  int64_t failed_steps = 0;  // forwards that threw (a device fault): their requests got Error
 };
 
 class Engine {
@@ -102,7 +103,9 @@ class Engine {
 
   // Runs the step loop on the calling thread until stop(), sleeping while there is nothing
   // to do; or one step for tests (never both at once). When run() returns, every request
-  // still queued or running has been finished with FinishReason::Abort.
+  // still queued or running has been finished with FinishReason::Abort. A failing forward
+  // ends only its batch's requests (FinishReason::Error, counted in failed_steps); any other
+  // exception is a bug and leaves run() to the caller.
   void run();
   bool step();  // false when there was nothing to do
   // Thread-safe. stop_accepting() makes submit() refuse (ShuttingDown); stop() ends run()

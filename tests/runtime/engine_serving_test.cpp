@@ -434,6 +434,7 @@ TEST(EngineFault, FailedStepEndsItsRequestsWithAnErrorAndServingGoesOn) {
   }
   EXPECT_EQ(engine.stats().kv_blocks_used, 0);
   EXPECT_EQ(engine.stats().running, 0);
+  EXPECT_EQ(engine.stats().failed_steps, 1);
   const auto p = testing::greedy({9, 8, 7}, 6);
   const auto id = testing::submit_ok(engine, p, out);
   testing::drain(engine);
