@@ -125,7 +125,8 @@ void StreamRequest::read_body() {
   auto& body = parser_->get().body();
   body.data = chunk_;
   body.size = sizeof chunk_;
-  http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+  // read_some, not read: a whole read would wait for the buffer to fill and hide chunk timing.
+  http::async_read_some(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
     auto& b = self->parser_->get().body();
     const size_t n = sizeof self->chunk_ - b.size;
     if (n) self->on_data(self->chunk_, n);

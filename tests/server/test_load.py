@@ -10,13 +10,16 @@ import unittest
 from harness import Server
 
 CONNECTIONS = int(os.environ.get("TETRA_LOAD_CONNECTIONS", "2048"))
-MAX_TOKENS = 8
+MAX_TOKENS = 16
 TIME_LIMIT_S = 300
 
 
-async def one_stream(port, i, opened, results):
+async def one_stream(port, i, opened, all_open, results):
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
     opened.append(i)
+    if len(opened) == CONNECTIONS:
+        all_open.set()
+    await all_open.wait()  # every connection is open before the first request goes out
     body = json.dumps({"prompt": [1 + i % 400, 2 + i % 300, 3], "max_tokens": MAX_TOKENS, "ignore_eos": True,
                        "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -31,8 +34,8 @@ async def one_stream(port, i, opened, results):
 
 
 async def run(port, sample):
-    opened, results = [], [None] * CONNECTIONS
-    tasks = [asyncio.create_task(one_stream(port, i, opened, results)) for i in range(CONNECTIONS)]
+    opened, results, all_open = [], [None] * CONNECTIONS, asyncio.Event()
+    tasks = [asyncio.create_task(one_stream(port, i, opened, all_open, results)) for i in range(CONNECTIONS)]
     sampler = asyncio.create_task(sample())
     await asyncio.wait_for(asyncio.gather(*tasks), TIME_LIMIT_S)
     sampler.cancel()
@@ -49,7 +52,7 @@ class LoadTest(unittest.TestCase):
 
             async def sample():
                 while True:
-                    await asyncio.sleep(0.25)
+                    await asyncio.sleep(0.1)
                     m = await asyncio.to_thread(s.metrics)
                     peak["connections"] = max(peak["connections"], m.get("tetra_http_connections", 0))
                     peak["waiting"] = max(peak["waiting"], m.get("tetra_num_requests_waiting", 0))
