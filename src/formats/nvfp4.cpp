@@ -2,13 +2,27 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <mutex>
 #include <vector>
+
+#include "core/thread_pool.h"
 
 namespace tetra::nvfp4 {
 namespace {
 
 // ModelOpt's e2m1_bounds: the midpoints between neighbouring E2M1 magnitudes.
 constexpr float kE2m1Bounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+
+bool is_float_dtype(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
+
+// fn(r0, r1) over [0, n_rows), on the pool when there is one.
+void for_rows(ThreadPool* pool, int64_t n_rows, const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool && n_rows > 1)
+    pool->parallel_for(n_rows, 16, fn);
+  else
+    fn(0, n_rows);
+}
 
 void check_row_width(int64_t n_in) {
   TETRA_CHECK(n_in > 0 && n_in % kBlockSize == 0, "an NVFP4 row needs a positive multiple of ",
@@ -84,20 +98,36 @@ void row_to_f32(TensorView t, int64_t row, float* out) {
   }
 }
 
-float tensor_amax(TensorView t, std::string_view what) {
+float tensor_amax(TensorView t, std::string_view what, ThreadPool* pool) {
   TETRA_CHECK(t.shape.rank >= 1, "tensor ", what, " has no dimensions to quantize");
+  TETRA_CHECK(is_float_dtype(t.dtype), "tensor ", what, " is ", dtype_name(t.dtype),
+              "; NVFP4 quantization reads BF16, F16 or F32");
   const int64_t n = t.dim(-1);
   const int64_t rows = n ? t.numel() / n : 0;
-  std::vector<float> buf(size_t(std::max<int64_t>(n, 1)));
+  std::mutex mu;
   float amax = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) {
-    row_to_f32(t, r, buf.data());
-    for (int64_t i = 0; i < n; ++i) {
-      TETRA_CHECK(std::isfinite(buf[i]), "tensor ", what, " holds NaN or Inf (row ", r,
-                  ", column ", i, "), which NVFP4 cannot represent");
-      amax = std::max(amax, std::fabs(buf[i]));
+  int64_t bad_row = -1, bad_col = -1;  // the first non-finite element found, if any
+  // Workers must not throw, so a NaN or Inf is recorded and reported after the loop.
+  for_rows(pool, rows, [&](int64_t r0, int64_t r1) {
+    std::vector<float> buf(static_cast<size_t>(std::max<int64_t>(n, 1)));
+    float local = 0.0f;
+    int64_t br = -1, bc = -1;
+    for (int64_t r = r0; r < r1 && br < 0; ++r) {
+      row_to_f32(t, r, buf.data());
+      for (int64_t i = 0; i < n; ++i) {
+        if (!std::isfinite(buf[size_t(i)])) {
+          br = r, bc = i;
+          break;
+        }
+        local = std::max(local, std::fabs(buf[size_t(i)]));
+      }
     }
-  }
+    std::lock_guard<std::mutex> lock(mu);
+    amax = std::max(amax, local);
+    if (br >= 0 && (bad_row < 0 || br < bad_row)) bad_row = br, bad_col = bc;
+  });
+  TETRA_CHECK(bad_row < 0, "tensor ", what, " holds NaN or Inf (row ", bad_row, ", column ",
+              bad_col, "), which NVFP4 cannot represent");
   return amax;
 }
 
@@ -132,7 +162,7 @@ void quantize_row(const float* w, int64_t n_in, float global_scale, uint8_t* pac
 }
 
 void quantize_tensor(TensorView weight, float global_scale, std::span<uint8_t> packed,
-                     std::span<uint8_t> block_scales) {
+                     std::span<uint8_t> block_scales, ThreadPool* pool) {
   TETRA_CHECK(weight.shape.rank == 2, "NVFP4 quantizes 2-D weights, not shape ",
               weight.shape.str());
   const int64_t n_out = weight.dim(0), n_in = weight.dim(1);
@@ -140,12 +170,16 @@ void quantize_tensor(TensorView weight, float global_scale, std::span<uint8_t> p
   TETRA_CHECK(int64_t(packed.size()) == n_out * n_in / 2 &&
                   int64_t(block_scales.size()) == n_out * n_in / kBlockSize,
               "NVFP4 output buffers do not match a weight of shape ", weight.shape.str());
-  std::vector<float> row(static_cast<size_t>(n_in));
-  for (int64_t r = 0; r < n_out; ++r) {
-    row_to_f32(weight, r, row.data());
-    quantize_row(row.data(), n_in, global_scale, packed.data() + r * n_in / 2,
-                 block_scales.data() + r * n_in / kBlockSize);
-  }
+  TETRA_CHECK(is_float_dtype(weight.dtype), "NVFP4 quantization reads BF16, F16 or F32 weights, not ",
+              dtype_name(weight.dtype));
+  for_rows(pool, n_out, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(n_in));
+    for (int64_t r = r0; r < r1; ++r) {
+      row_to_f32(weight, r, row.data());
+      quantize_row(row.data(), n_in, global_scale, packed.data() + r * n_in / 2,
+                   block_scales.data() + r * n_in / kBlockSize);
+    }
+  });
 }
 
 }  // namespace tetra::nvfp4

@@ -11,6 +11,10 @@
 
 #include "core/tensor.h"
 
+namespace tetra {
+class ThreadPool;
+}
+
 namespace tetra::nvfp4 {
 
 inline constexpr int kBlockSize = 16;           // elements per E4M3 block scale, along n_in
@@ -63,8 +67,8 @@ float dot_row(const float* x, const uint8_t* packed, const uint8_t* block_scales
 // ---- quantization ----
 
 // max |x| over a BF16, F16 or F32 tensor; throws naming `what` if the tensor holds NaN or Inf
-// (ModelOpt's formula would write NaN scales for it).
-float tensor_amax(TensorView t, std::string_view what);
+// (ModelOpt's formula would write NaN scales for it). Rows are split over `pool` when given.
+float tensor_amax(TensorView t, std::string_view what, ThreadPool* pool = nullptr);
 
 // weight_scale_2 = amax / (6 * 448) in f32.
 inline float global_scale_from_amax(float amax) { return amax / (kE2m1Max * kE4m3Max); }
@@ -87,8 +91,9 @@ void quantize_row(const float* w, int64_t n_in, float global_scale, uint8_t* pac
 // block_scales F8_E4M3 [n_out, n_in/16].
 // `weight` is BF16, F16 or F32 [n_out, n_in]; global_scale usually
 // global_scale_from_amax(tensor_amax(weight)), or the shared one of a gate/up pair.
+// Rows are independent, so splitting them over `pool` gives the same bytes.
 void quantize_tensor(TensorView weight, float global_scale, std::span<uint8_t> packed,
-                     std::span<uint8_t> block_scales);
+                     std::span<uint8_t> block_scales, ThreadPool* pool = nullptr);
 
 // Converts element i of a BF16/F16/F32 row to f32 (exact).
 void row_to_f32(TensorView t, int64_t row, float* out);

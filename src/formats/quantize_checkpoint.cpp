@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "formats/nvfp4.h"
 #include "formats/safetensors.h"
 #include "formats/safetensors_writer.h"
@@ -213,12 +214,14 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& opt) {
     std::sort(infos.begin(), infos.end(),
               [](const TensorInfo* a, const TensorInfo* b) { return a->begin < b->begin; });
 
+  ThreadPool pool(opt.n_threads);
   std::map<std::string, float> amax_cache;
   auto amax = [&](const std::string& module) {
     auto it = amax_cache.find(module);
     if (it != amax_cache.end()) return it->second;
     const std::string name = module + ".weight";
-    const float a = nvfp4::tensor_amax(ckpt->get(name), str_cat(ckpt->file_of(name).string(), ": ", name));
+    const float a = nvfp4::tensor_amax(ckpt->get(name),
+                                       str_cat(ckpt->file_of(name).string(), ": ", name), &pool);
     amax_cache.emplace(module, a);
     return a;
   };
@@ -275,7 +278,7 @@ QuantizeSummary quantize_checkpoint(const QuantizeOptions& opt) {
         const int64_t n_out = t->shape[0], n_in = t->shape[1];
         std::vector<uint8_t> packed(size_t(n_out * n_in / 2));
         std::vector<uint8_t> scales(size_t(n_out * n_in / nvfp4::kBlockSize));
-        nvfp4::quantize_tensor(view, gs, packed, scales);
+        nvfp4::quantize_tensor(view, gs, packed, scales, &pool);
         writer.write(t->name, packed.data(), packed.size());
         writer.write(module + ".weight_scale", scales.data(), scales.size());
         writer.write(module + ".weight_scale_2", &gs, sizeof gs);

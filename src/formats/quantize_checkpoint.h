@@ -49,6 +49,7 @@ struct QuantizeOptions {
   // Present: input_scale = amax / (6 * 448) is written and the algo is NVFP4 (W4A4); absent:
   // W4A16_NVFP4 without input_scale.
   std::optional<std::map<std::string, float>> input_amax;
+  int n_threads = 0;  // quantization threads (0 = all cores)
   // After each source tensor: tensors done, total, bytes read so far, total bytes.
   std::function<void(int64_t, int64_t, int64_t, int64_t)> on_progress;
 };

@@ -1,6 +1,8 @@
 // NVFP4 rounding, packing and block decoding against hand-computed values and ModelOpt's rules.
 #include "formats/nvfp4.h"
 
+#include "core/thread_pool.h"
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -155,6 +157,30 @@ TEST(Nvfp4, QuantizeTensorReadsBf16RowsAndChecksShapes) {
   EXPECT_THROW(quantize_tensor(odd, 1.0f, p3, s3), Error);  // 8 is not a multiple of 16
   bf[5] = 0x7fc0;  // NaN
   EXPECT_THROW(tensor_amax(t, "w"), Error);
+}
+
+TEST(Nvfp4, ThreadsGiveTheSameBytesAndFindTheFirstNan) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> bf(301 * 64);
+  for (auto& v : bf) v = f32_to_bf16(nd(rng));
+  TensorView t{bf.data(), DType::BF16, Shape{301, 64}};
+  ThreadPool pool(4);
+  const float amax = tensor_amax(t, "w");
+  EXPECT_EQ(tensor_amax(t, "w", &pool), amax);
+  std::vector<uint8_t> p1(301 * 32), s1(301 * 4), p2(301 * 32), s2(301 * 4);
+  quantize_tensor(t, global_scale_from_amax(amax), p1, s1);
+  quantize_tensor(t, global_scale_from_amax(amax), p2, s2, &pool);
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(s1, s2);
+  bf[250 * 64 + 9] = 0x7f80;  // +Inf
+  bf[120 * 64 + 3] = 0xffc0;  // NaN, the first one
+  try {
+    tensor_amax(t, "w", &pool);
+    FAIL() << "NaN not found";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row 120, column 3"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
