@@ -121,25 +121,7 @@ def cross_check(src_dir, dst_dir):
 
 def write_dequantized(src_dir, q_dir, out_dir):
     """The BF16 checkpoint with each quantized weight replaced by its F32 dequantization."""
-    where_s, _ = ref.open_checkpoint(src_dir)
-    where_q, _ = ref.open_checkpoint(q_dir)
-    tensors = []
-    for name, f in where_s.items():
-        dtype, shape = f.info(name)
-        module = name[: -len(".weight")] if name.endswith(".weight") else None
-        if module is not None and module + ".weight_scale_2" in where_q:
-            gs = np.float32(where_q[module + ".weight_scale_2"].array(module + ".weight_scale_2"))
-            packed = np.asarray(where_q[name].array(name))
-            scales = np.asarray(where_q[module + ".weight_scale"].array(module + ".weight_scale"))
-            w = ref.dequantize(packed, scales, gs)
-            tensors.append((name, "F32", list(w.shape), w.astype(np.float32).tobytes()))
-        else:
-            tensors.append((name, dtype, shape, f.raw(name).tobytes()))
-    os.makedirs(out_dir, exist_ok=True)
-    ref.write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, {"format": "pt"})
-    for extra in ("config.json", "generation_config.json"):
-        if os.path.exists(os.path.join(src_dir, extra)):
-            shutil.copyfile(os.path.join(src_dir, extra), os.path.join(out_dir, extra))
+    ref.dequantize_checkpoint(src_dir, q_dir, out_dir)
 
 
 def load_fp32(folder):

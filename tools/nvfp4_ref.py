@@ -23,6 +23,7 @@ codes 0, so it dequantizes to exact zeros.
 
 Usage:
   nvfp4_ref.py checkpoint --model BF16_DIR --out DIR [--input-amax AMAX.json]
+  nvfp4_ref.py dequantize --model BF16_DIR --quantized NVFP4_DIR --out DIR
   nvfp4_ref.py selftest
 Needs only numpy (Debian's python3-numpy).
 """
@@ -373,6 +374,32 @@ def quantize_checkpoint(src, dst, input_amax=None):
     return quantized
 
 
+def dequantize_checkpoint(src, quantized, dst):
+    """The BF16 checkpoint `src` with each weight that `quantized` holds in NVFP4 replaced by its
+    F32 dequantization (code value * f32(f32(weight_scale) * weight_scale_2)): the model a
+    quantized checkpoint stands for, loadable by any reader of BF16 checkpoints."""
+    where_s, _ = open_checkpoint(src)
+    where_q, _ = open_checkpoint(quantized)
+    tensors = []
+    for name, f in where_s.items():
+        dtype, shape = f.info(name)
+        module = name[: -len(".weight")] if name.endswith(".weight") else None
+        if module is not None and module + ".weight_scale_2" in where_q:
+            gs = np.float32(where_q[module + ".weight_scale_2"].array(module + ".weight_scale_2"))
+            packed = np.asarray(where_q[name].array(name))
+            scales = np.asarray(where_q[module + ".weight_scale"].array(module + ".weight_scale"))
+            w = dequantize(packed, scales, gs)
+            tensors.append((name, "F32", list(w.shape), w.astype(np.float32).tobytes()))
+        else:
+            tensors.append((name, dtype, shape, f.raw(name).tobytes()))
+    os.makedirs(dst, exist_ok=True)
+    write_safetensors(os.path.join(dst, "model.safetensors"), tensors, {"format": "pt"})
+    for extra in ("config.json", "generation_config.json", "tokenizer.json",
+                  "tokenizer_config.json"):
+        if os.path.exists(os.path.join(src, extra)):
+            shutil.copyfile(os.path.join(src, extra), os.path.join(dst, extra))
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -397,10 +424,17 @@ def main():
     c.add_argument("--model", required=True)
     c.add_argument("--out", required=True)
     c.add_argument("--input-amax", help="JSON {module: calibrated input amax}: writes input_scale")
+    d = sub.add_parser("dequantize", help="BF16 checkpoint with the NVFP4 weights dequantized (F32)")
+    d.add_argument("--model", required=True, help="the BF16 source")
+    d.add_argument("--quantized", required=True, help="its NVFP4 checkpoint")
+    d.add_argument("--out", required=True)
     sub.add_parser("selftest")
     args = ap.parse_args()
     if args.cmd == "selftest":
         selftest()
+        return 0
+    if args.cmd == "dequantize":
+        dequantize_checkpoint(args.model, args.quantized, args.out)
         return 0
     amax = None
     if args.input_amax:

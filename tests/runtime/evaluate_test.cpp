@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -102,6 +104,45 @@ TEST(Evaluate, QuantizedCopyStaysCloseToItsOriginal) {
   EXPECT_LT(r.mean_kl, 0.5);    // but not by much on a tiny random model
   EXPECT_GE(r.top1_agreement, 0.5);
   EXPECT_TRUE(std::isfinite(r.perplexity));
+}
+
+std::string python_with_numpy() {
+  for (const char* py : {"/usr/bin/python3", "python3"})
+    if (std::system((std::string(py) + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0)
+      return py;
+  return "";
+}
+
+// The CPU backend runs an NVFP4 checkpoint as its dequantized weights: the same model with each
+// quantized weight stored as F32 (tools/nvfp4_ref.py dequantize) gives the same distributions.
+TEST(Evaluate, Nvfp4CheckpointRunsAsItsDequantizedWeights) {
+  const std::string py = python_with_numpy();
+  if (py.empty()) GTEST_SKIP() << "python3 with numpy is not installed";
+  const fs::path tmp = fs::temp_directory_path() / ("tetra_deq_test_" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  QuantizeOptions q;
+  q.src = kFixture;
+  q.dst = tmp / "nvfp4";
+  quantize_checkpoint(q);
+  const std::string cmd = py + " " + TETRA_SOURCE_DIR + "/tools/nvfp4_ref.py dequantize --model " +
+                          kFixture.string() + " --quantized " + q.dst.string() + " --out " +
+                          (tmp / "f32").string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto backend = ops::make_cpu_backend(2);
+  auto nvfp4 = model::load_model(q.dst, *backend);
+  auto f32 = model::load_model(tmp / "f32", *backend);
+  const Case c = first_case();
+  std::vector<int32_t> seq = c.prompt;
+  seq.insert(seq.end(), c.generated.begin(), c.generated.end());
+  const runtime::EvalResult r = runtime::evaluate(*nvfp4, f32.get(), *backend, seq, {});
+  fs::remove_all(tmp);
+  std::printf("NVFP4 vs its dequantized F32 weights: mean KL %.3g, max %.3g, ppl %.9g vs %.9g\n",
+              r.mean_kl, r.max_kl, r.perplexity, r.ref_perplexity);
+  EXPECT_EQ(r.top1_agree, r.n_scored);
+  // Bit-exact once the backend's decode multiplies codes by f32(scale * weight_scale_2) as the
+  // reference does; a different product order moves weights by an ulp, far below this bound.
+  EXPECT_LT(r.max_kl, 1e-9);
+  EXPECT_NEAR(r.perplexity, r.ref_perplexity, 1e-6 * r.ref_perplexity);
 }
 
 }  // namespace
