@@ -14,9 +14,9 @@ std::string repaired(std::string_view bytes) {
 }  // namespace
 
 std::string IncrementalDecoder::push(TokenId id) {
+  TETRA_CHECK(id >= 0, "token id ", id, " is negative");
   std::optional<std::string_view> bytes = tokenizer_->token_bytes(id);
-  TETRA_CHECK(bytes.has_value(), "token id ", id, " is not in the vocabulary");
-  if (options_.skip_special && tokenizer_->is_special(id)) return {};
+  if (!bytes || (options_.skip_special && tokenizer_->is_special(id))) return {};  // as decode()
   pending_.append(*bytes);
   // Everything up to a trailing, still-completable sequence can be released: the repair of
   // that prefix cannot depend on bytes that have not arrived.

@@ -15,7 +15,7 @@ class IncrementalDecoder {
       : tokenizer_(&tokenizer), options_(options) {}
 
   // Adds one generated token; returns the text it completes (often empty mid-character).
-  // Throws tetra::Error for an id outside the vocabulary.
+  // Ids without a token add nothing, as in Tokenizer::decode; a negative id throws.
   std::string push(TokenId id);
   // Ends the stream: returns the held-back bytes, repaired (U+FFFD) if incomplete.
   std::string finish();

@@ -257,8 +257,9 @@ void Tokenizer::encode_normalized(std::string_view text, std::vector<TokenId>& o
 std::string Tokenizer::decode(std::span<const TokenId> ids, DecodeOptions options) const {
   std::string bytes;
   for (TokenId id : ids) {
-    TETRA_CHECK(id >= 0 && static_cast<size_t>(id) < id_flags_.size() && id_flags_[id],
-                "token id ", id, " is not in the vocabulary");
+    TETRA_CHECK(id >= 0, "token id ", id, " is negative");
+    // HF skips ids without a token (the embedding table is padded past the vocabulary).
+    if (static_cast<size_t>(id) >= id_flags_.size() || !id_flags_[id]) continue;
     if (options.skip_special && (id_flags_[id] & kSpecial)) continue;
     bytes += id_bytes_[id];
   }

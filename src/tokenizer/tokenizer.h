@@ -48,7 +48,8 @@ class Tokenizer {
 
   // Invalid UTF-8 in `text` is replaced by U+FFFD first.
   std::vector<TokenId> encode(std::string_view text, EncodeOptions options = {}) const;
-  // Throws tetra::Error for an id outside the vocabulary.
+  // Ids with no token (past the vocabulary, in the padded part of the embedding table) are
+  // skipped, as HF does; a negative id throws tetra::Error.
   std::string decode(std::span<const TokenId> ids, DecodeOptions options = {}) const;
 
   // The bytes one token decodes to (before UTF-8 repair), or nullopt for an unknown id.

@@ -220,7 +220,11 @@ TEST_P(RealTokenizers, StreamingDecodeMatchesFullDecode) {
   std::string partial = dec.push(half[0]);
   EXPECT_EQ(partial + dec.finish(), t.decode(std::vector<TokenId>{half[0]}));
   EXPECT_THROW(dec.push(-1), Error);
-  EXPECT_THROW(dec.push(static_cast<TokenId>(t.vocab_size())), Error);
+  EXPECT_THROW(t.decode(std::vector<TokenId>{-5}), Error);
+  // Ids past the vocabulary (the padded embedding rows) decode to nothing, as in HF.
+  EXPECT_EQ(dec.push(static_cast<TokenId>(t.vocab_size() + 10)), "");
+  EXPECT_EQ(t.decode(std::vector<TokenId>{static_cast<TokenId>(t.vocab_size()), half[0]}),
+            t.decode(std::vector<TokenId>{half[0]}));
 }
 
 TEST_P(RealTokenizers, SpecialTokenStringsInUserText) {
