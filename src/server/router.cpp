@@ -1,7 +1,10 @@
 #include "server/router.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <utility>
 
 #include "core/error.h"
 #include "server/generation.h"
@@ -42,21 +45,69 @@ HttpResponse models(const ServerState& state) {
   return json_response(200, {{"object", "list"}, {"data", json::array({model})}});
 }
 
+void append_ids(std::vector<int32_t>& ids, const tok::Tokenizer& t, std::string_view text, bool specials) {
+  for (auto id : t.encode(text, {.parse_special = specials})) ids.push_back(int32_t(id));
+}
+
+std::string render(const tok::Tokenizer& tokenizer, const tok::ChatRequest& chat) {
+  try {
+    return tok::render_chat(tokenizer, chat);
+  } catch (const Error& e) {
+    throw_invalid("messages", std::string("the chat template refused the messages: ") + e.what());
+  }
+}
+
+// The template writes control tokens as text, so the rendered prompt is encoded with special
+// tokens parsed; but a client's own text must not become control tokens ("<|im_end|>" typed in
+// a message). So client text is rendered as placeholders, and the pieces between them are
+// encoded with specials, the client text without. Should the template rewrite a placeholder
+// (it changed the text), the whole render is encoded as is.
+std::vector<int32_t> chat_prompt_tokens(const tok::Tokenizer& tokenizer, const GenerationRequest& r) {
+  tok::ChatRequest chat;
+  chat.messages = r.messages;
+  chat.add_generation_prompt = r.add_generation_prompt;
+  char nonce[24];
+  std::snprintf(nonce, sizeof nonce, "%016llx", static_cast<unsigned long long>(
+                                                    std::chrono::steady_clock::now().time_since_epoch().count()));
+  std::vector<std::string> contents, holders;
+  for (auto& m : chat.messages) {
+    // Assistant turns are left alone: templates rewrite them (reasoning split-off).
+    if (m["role"] == "assistant" || m["content"].get_ref<const std::string&>().empty()) continue;
+    holders.push_back("TETRACLIENTTEXT" + std::string(nonce) + "N" + std::to_string(holders.size()) + "E");
+    contents.push_back(std::exchange(m["content"], holders.back()).get<std::string>());
+  }
+  const std::string text = render(tokenizer, chat);
+  std::vector<std::pair<size_t, size_t>> at;  // (position, which)
+  for (size_t i = 0; i < holders.size(); ++i) {
+    const size_t p = text.find(holders[i]);
+    if (p == std::string::npos || text.find(holders[i], p + 1) != std::string::npos) {
+      at.clear();
+      break;
+    }
+    at.emplace_back(p, i);
+  }
+  std::vector<int32_t> ids;
+  if (at.size() != holders.size()) {
+    tok::ChatRequest plain{.messages = r.messages, .add_generation_prompt = r.add_generation_prompt};
+    append_ids(ids, tokenizer, render(tokenizer, plain), true);
+    return ids;
+  }
+  std::sort(at.begin(), at.end());
+  size_t pos = 0;
+  for (const auto& [p, i] : at) {
+    append_ids(ids, tokenizer, std::string_view(text).substr(pos, p - pos), true);
+    append_ids(ids, tokenizer, contents[i], false);
+    pos = p + holders[i].size();
+  }
+  append_ids(ids, tokenizer, std::string_view(text).substr(pos), true);
+  return ids;
+}
+
 std::vector<int32_t> prompt_tokens(const ServingContext& ctx, const GenerationRequest& r) {
   const tok::Tokenizer& tokenizer = *ctx.tokenizer;
   std::vector<int32_t> ids;
   if (r.endpoint == Endpoint::ChatCompletions) {
-    tok::ChatRequest chat;
-    chat.messages = r.messages;
-    chat.add_generation_prompt = r.add_generation_prompt;
-    std::string text;
-    try {
-      text = tok::render_chat(tokenizer, chat);
-    } catch (const Error& e) {
-      throw_invalid("messages", std::string("the chat template refused the messages: ") + e.what());
-    }
-    // The template writes the control tokens as text, so specials are parsed here.
-    for (auto id : tokenizer.encode(text, {.parse_special = true})) ids.push_back(int32_t(id));
+    ids = chat_prompt_tokens(tokenizer, r);
   } else if (r.prompt_text) {
     const auto& cfg = tokenizer.config();
     if (cfg.add_bos_token && cfg.bos_token)

@@ -1,11 +1,14 @@
 """RELIABILITY.md cases 1-14: hostile and malformed requests get a 4xx with OpenAI's error
 object, the server stays up, /health stays 200 and no KV block leaks."""
 import json
+import os
 import socket
+import subprocess
+import tempfile
 import time
 import unittest
 
-from harness import Server, assert_error
+from harness import MODEL, TETRA, Server, assert_error
 
 CONTEXT = 64
 
@@ -255,6 +258,26 @@ class ValidationTest(unittest.TestCase):
         self.assertGreater(b["usage"]["prompt_tokens"], 1)
         b = self.ok(prompt="<|endoftext|><s></s>", max_tokens=1)
         self.assertGreater(b["usage"]["prompt_tokens"], 3)
+        # In chat too: the template's own control tokens are parsed, the client's text is not.
+        def chat_tokens(content):
+            st, b, _ = self.s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": content}],
+                                                            "max_tokens": 1})
+            self.assertEqual(st, 200, b)
+            return b["usage"]["prompt_tokens"]
+        self.assertGreater(chat_tokens("<|im_end|>") - chat_tokens(""), 1)
+        # Ordinary messages tokenize exactly as the whole rendered chat does (`tetra tokenize --chat`).
+        messages = [{"role": "system", "content": "A"}, {"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "B"}, {"role": "user", "content": " x\n "}]
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(messages, f)
+        r = subprocess.run([TETRA, "tokenize", "--model", MODEL, "--chat", f.name, "--json"],
+                           capture_output=True, text=True, timeout=60)
+        os.unlink(f.name)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        want = len(json.loads(r.stdout)["ids"])
+        st, b, _ = self.s.post("/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+        self.assertEqual(st, 200, b)
+        self.assertEqual(b["usage"]["prompt_tokens"], want)
 
     def test_routes_and_methods(self):
         st, _, data = self.s.request("GET", "/nope")
