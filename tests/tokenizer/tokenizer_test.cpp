@@ -1,6 +1,8 @@
 // Tokenizer behaviour beyond corpus parity: both merge spellings, added-token flags,
 // refusal of unsupported components, invalid UTF-8, hostile input, streaming decode.
+#include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -184,13 +186,26 @@ TEST_P(RealTokenizers, HostileInputIsBoundedInTime) {
       {"invalid UTF-8", std::string(1 << 18, '\xFF')},
       {"NUL bytes", std::string(1 << 18, '\0')},
   };
+  // CPU time of this thread: the bar (RELIABILITY.md case 14) is < 1 s per MB; a shared
+  // machine's load must not make the test flaky, and debug builds get 10x.
+  auto cpu_seconds = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+  };
+#ifdef NDEBUG
+  const double limit_per_mb = 1.0;
+#else
+  const double limit_per_mb = 10.0;
+#endif
   for (const Case& c : cases) {
-    auto start = std::chrono::steady_clock::now();
+    double start = cpu_seconds();
     std::vector<TokenId> ids = t.encode(c.text);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("[ hostile ] %s / %s: %zu tokens in %.3f s\n", GetParam().c_str(), c.name, ids.size(), s);
+    double s = cpu_seconds() - start;
+    double mb = static_cast<double>(c.text.size()) / (1 << 20);
+    std::printf("[ hostile ] %s / %s: %zu tokens in %.3f CPU s\n", GetParam().c_str(), c.name, ids.size(), s);
     EXPECT_FALSE(ids.empty()) << c.name;
-    EXPECT_LT(s, 5.0) << c.name;  // the bar is < 1 s per MB in Release; leave room for debug builds
+    EXPECT_LT(s, limit_per_mb * std::max(mb, 1.0)) << c.name;  // inputs are at most 1 MB
   }
 }
 
