@@ -134,8 +134,12 @@ RouteResult generate(ServerState& state, const HttpRequest& http, Endpoint endpo
   SchemaLimits limits{.vocab_size = ctx.vocab_size};
   GenerationRequest request = parse_generation_request(endpoint, body, limits);
   if (!request.ignored_fields.empty()) {
+    // Bounded: a body of a million unknown keys must not become a million-key log line.
     std::string names;
-    for (const auto& f : request.ignored_fields) names += (names.empty() ? "" : ", ") + f.substr(0, 64);
+    const auto& fields = request.ignored_fields;
+    for (size_t i = 0; i < std::min<size_t>(fields.size(), 8); ++i)
+      names += (i ? ", " : "") + fields[i].substr(0, 64);
+    if (fields.size() > 8) names += ", ... (" + std::to_string(fields.size()) + " in all)";
     std::fprintf(stderr, "tetra serve: ignoring unknown request fields: %s\n", names.c_str());
   }
 
