@@ -45,6 +45,8 @@ struct Metrics::Impl {
       .Help("Tokens generated").Register(registry).Add({});
   prometheus::Counter& steps = BuildCounter().Name("tetra_engine_steps_total")
       .Help("Engine steps run").Register(registry).Add({});
+  prometheus::Counter& failed_steps = BuildCounter().Name("tetra_engine_failed_steps_total")
+      .Help("Engine forwards that threw; their requests ended with an error").Register(registry).Add({});
 
   prometheus::Family<prometheus::Counter>& responses = BuildCounter().Name("tetra_http_responses_total")
       .Help("HTTP responses by status code").Register(registry);
@@ -105,6 +107,7 @@ std::string Metrics::render(const runtime::EngineStats* s, int64_t http_connecti
     m.add_delta(m.prompt_tokens, s->prompt_tokens, m.last.prompt_tokens);
     m.add_delta(m.generated_tokens, s->generated_tokens, m.last.generated_tokens);
     m.add_delta(m.steps, s->steps, m.last.steps);
+    m.add_delta(m.failed_steps, s->failed_steps, m.last.failed_steps);
   }
   return prometheus::TextSerializer().Serialize(m.registry.Collect());
 }

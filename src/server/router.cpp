@@ -31,7 +31,12 @@ void require_serving(const ServerState& state) {
 
 HttpResponse health(const ServerState& state) {
   switch (state.phase.load()) {
-    case Phase::Ready: return json_response(200, {{"status", "ok"}});
+    case Phase::Ready:
+      // A forward that threw (a device fault) leaves the engine suspect: report it so a
+      // supervisor can restart the process.
+      if (state.context.engine->stats().failed_steps > 0)
+        return error_response(unavailable_error("the engine failed a step; restart the server"));
+      return json_response(200, {{"status", "ok"}});
     case Phase::Loading: return error_response(unavailable_error("the model is loading"));
     default: return error_response(unavailable_error("the server is shutting down"));
   }
