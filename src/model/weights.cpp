@@ -1,10 +1,13 @@
 #include "model/weights.h"
 
+#include "formats/linear_tensors.h"
+
 namespace tetra::model {
 
 WeightLoader::WeightLoader(const Checkpoint& checkpoint, ops::Backend& backend,
                            const LoadOptions& options)
-    : checkpoint_(checkpoint), backend_(backend), options_(options) {}
+    : checkpoint_(checkpoint), quant_(load_quant_config(checkpoint.dir())), backend_(backend),
+      options_(options) {}
 
 void WeightLoader::count(const TensorView& t) {
   stats_.tensors += 1;
@@ -30,36 +33,31 @@ TensorView WeightLoader::floats(const std::string& name, Shape shape) {
 
 ops::LinearWeight WeightLoader::linear(const std::string& module, int64_t n_out, int64_t n_in,
                                        bool with_bias) {
-  const std::string wname = module + ".weight";
-  const TensorInfo* info = checkpoint_.find(wname);
-  if (!info) checkpoint_.get(wname);  // throws: names the folder and the tensor
+  const LinearTensors t = load_linear(checkpoint_, quant_ ? &*quant_ : nullptr, module, n_out, n_in);
+  if (with_bias && t.bias.empty())
+    fail(checkpoint_.file_of(module + ".weight").string(), ": ", module,
+         " needs a bias (the config says attention_bias) but ", module, ".bias is missing");
   ops::LinearWeight w;
   w.n_out = n_out;
   w.n_in = n_in;
-  if (info->dtype == DType::U8) {
-    // NVFP4 (ModelOpt): 2 e2m1 codes per byte along n_in, one E4M3 scale per 16 inputs.
-    TETRA_CHECK(n_in % 16 == 0, module, ": NVFP4 needs an input width divisible by 16, got ", n_in);
-    w.format = ops::WeightFormat::Nvfp4;
-    w.weight = take(wname, DType::U8, {n_out, n_in / 2});
-    w.block_scale = take(module + ".weight_scale", DType::F8_E4M3, {n_out, n_in / 16});
-    TensorView s2 = checkpoint_.get(module + ".weight_scale_2", DType::F32, Shape{});
-    count(s2);
-    w.global_scale = *s2.as<const float>();
-    if (checkpoint_.has(module + ".input_scale")) {
-      TensorView is = checkpoint_.get(module + ".input_scale", DType::F32, Shape{});
-      count(is);
-      w.input_scale = *is.as<const float>();
-    }
-  } else if (info->dtype == DType::F8_E4M3) {
-    w.format = ops::WeightFormat::Fp8;
-    w.weight = take(wname, DType::F8_E4M3, {n_out, n_in});
-    TensorView s = checkpoint_.get(module + ".weight_scale", DType::F32, Shape{});
-    count(s);
-    w.global_scale = *s.as<const float>();
-  } else {
-    w.weight = floats(wname, {n_out, n_in});
+  switch (t.algo) {
+    case QuantAlgo::Nvfp4:
+    case QuantAlgo::W4a16Nvfp4: w.format = ops::WeightFormat::Nvfp4; break;
+    case QuantAlgo::Fp8: w.format = ops::WeightFormat::Fp8; break;
+    default: w.format = ops::WeightFormat::Dense; break;
   }
-  if (with_bias) w.bias = floats(module + ".bias", {n_out});
+  count(t.weight);
+  w.weight = backend_.upload(t.weight);
+  if (!t.block_scale.empty()) {
+    count(t.block_scale);
+    w.block_scale = backend_.upload(t.block_scale);
+  }
+  w.global_scale = t.global_scale;
+  w.input_scale = t.input_scale;
+  if (with_bias) {
+    count(t.bias);
+    w.bias = backend_.upload(t.bias);
+  }
   return w;
 }
 

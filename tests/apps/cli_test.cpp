@@ -198,5 +198,52 @@ TEST_F(BrokenModel, AbsurdConfigSizes) {
   }
 }
 
+// A checkpoint with its multi-token-prediction layer (model.layers.{num_hidden_layers}.*) loads,
+// generates as without it, and inspect counts the MTP tensors.
+TEST(Cli, MtpLayerIsLoadedAndSkipped) {
+  const fs::path src_dir = fs::path(TETRA_SOURCE_DIR) / "tests/fixtures/deepseek_v3-tiny";
+  const fs::path dir = fs::temp_directory_path() / ("tetra_cli_mtp_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(src_dir / "config.json", dir / "config.json");
+  std::ifstream cfg_in(src_dir / "config.json");
+  const auto cfg = nlohmann::json::parse(cfg_in);
+  ASSERT_EQ(cfg["num_nextn_predict_layers"], 1);
+  const std::string mtp = "model.layers." + std::to_string(cfg["num_hidden_layers"].get<int>()) + ".";
+  auto src = Checkpoint::open(src_dir);
+  std::vector<TensorDecl> decls;
+  for (const auto& name : src->names()) {
+    TensorView v = src->get(name);
+    decls.push_back({name, v.dtype, v.shape});
+  }
+  const int64_t hidden = cfg["hidden_size"];
+  for (const char* t : {"eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight"})
+    decls.push_back({mtp + t, DType::BF16, std::string(t) == "eh_proj.weight" ? Shape{hidden, 2 * hidden} : Shape{hidden}});
+  {
+    SafetensorsWriter w(dir / "model.safetensors", decls);
+    for (const auto& d : decls) {
+      if (src->has(d.name)) {
+        TensorView v = src->get(d.name);
+        w.write(d.name, v.data, uint64_t(v.nbytes()));
+      } else {
+        std::vector<uint16_t> ones(size_t(d.shape.numel()), f32_to_bf16(1.0f));
+        w.write(d.name, ones.data(), ones.size() * 2);
+      }
+    }
+    w.finish();
+  }
+  const std::string args = " --model " + dir.string() + " --prompt-ids 3,1,4,1,5 --max-new-tokens 4 --json";
+  const auto with_mtp = run_cli("generate" + args);
+  const auto without = run_cli("generate --model " + src_dir.string() + " --prompt-ids 3,1,4,1,5 --max-new-tokens 4 --json");
+  const auto inspect = run_cli("inspect --json --model " + dir.string());
+  fs::remove_all(dir);
+  ASSERT_EQ(with_mtp.exit_code, 0) << with_mtp.err;
+  EXPECT_EQ(nlohmann::json::parse(with_mtp.out)["token_ids"], nlohmann::json::parse(without.out)["token_ids"]);
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.err;
+  const auto info = nlohmann::json::parse(inspect.out);
+  EXPECT_EQ(info["mtp_layers"], 1);
+  EXPECT_EQ(info["weights"]["mtp_tensors"], 4);
+}
+
 }  // namespace
 }  // namespace tetra

@@ -224,7 +224,7 @@ void run_reference(const std::string& py, const fs::path& src, const fs::path& o
 
 TEST(QuantizeCheckpoint, MatchesTheNumpyReferenceByteForByte) {
   const std::string py = python_with_numpy();
-  if (py.empty()) GTEST_SKIP() << "python3 with numpy is not installed";
+  ASSERT_FALSE(py.empty()) << "python3 with numpy is missing (scripts/setup installs python3-numpy)";
   Dir dir;
   const Source s = make_source();
   write_source(s, dir.path / "src");
@@ -314,7 +314,7 @@ TEST(QuantizeCheckpoint, MatchesTheNumpyReferenceByteForByte) {
 
 TEST(QuantizeCheckpoint, CalibratedInputScalesMatchTheReference) {
   const std::string py = python_with_numpy();
-  if (py.empty()) GTEST_SKIP() << "python3 with numpy is not installed";
+  ASSERT_FALSE(py.empty()) << "python3 with numpy is missing (scripts/setup installs python3-numpy)";
   Dir dir;
   write_source(make_source(), dir.path / "src");
   std::map<std::string, float> amax = {
@@ -370,7 +370,7 @@ TEST(QuantizeCheckpoint, AFailedRunLeavesNothingThatLooksComplete) {
 
 TEST(QuantizeCheckpoint, EveryFixtureMatchesTheReference) {
   const std::string py = python_with_numpy();
-  if (py.empty()) GTEST_SKIP() << "python3 with numpy is not installed";
+  ASSERT_FALSE(py.empty()) << "python3 with numpy is missing (scripts/setup installs python3-numpy)";
   const fs::path fixtures = fs::path(TETRA_SOURCE_DIR) / "tests" / "fixtures";
   int n_fixtures = 0, n_tensors = 0;
   for (const auto& entry : fs::directory_iterator(fixtures)) {
@@ -390,7 +390,7 @@ TEST(QuantizeCheckpoint, EveryFixtureMatchesTheReference) {
     EXPECT_EQ(read_json(opt.dst / "config.json"), read_json(dir.path / "ref" / "config.json"));
     ++n_fixtures;
   }
-  if (n_fixtures == 0) GTEST_SKIP() << "no BF16 fixtures under " << fixtures.string();
+  ASSERT_GT(n_fixtures, 0) << "no BF16 fixtures under " << fixtures.string();
   std::printf("%d fixtures, %d tensors identical to the reference\n", n_fixtures, n_tensors);
 }
 

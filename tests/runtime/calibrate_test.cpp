@@ -93,7 +93,7 @@ double down_input_amax(const Checkpoint& ckpt, const std::string& prefix,
 }
 
 TEST(Calibrate, InputAmaxMatchesTransformersActivations) {
-  if (!fs::exists(kFixture / "debug.safetensors")) GTEST_SKIP() << "no fixture";
+  ASSERT_TRUE(fs::exists(kFixture / "debug.safetensors")) << "the fixture is missing";
   const ModelConfig c = load_model_config(kFixture);
   auto ckpt = Checkpoint::open(kFixture);
   const Reference ref = reference(c, *ckpt);
@@ -127,7 +127,7 @@ TEST(Calibrate, InputAmaxMatchesTransformersActivations) {
 }
 
 TEST(Calibrate, CalibratedCheckpointCarriesInputScales) {
-  if (!fs::exists(kFixture / "model.safetensors")) GTEST_SKIP() << "no fixture";
+  ASSERT_TRUE(fs::exists(kFixture / "model.safetensors")) << "the fixture is missing";
   const std::vector<int32_t> tokens = {5, 17, 42, 99, 3, 250, 7, 8, 9, 10, 11, 300, 12, 13};
   runtime::CalibrateOptions opt;
   opt.window = 5;  // several fresh windows

@@ -1,5 +1,5 @@
 """The official openai npm client as a real client: completions, chat, streaming, errors.
-Skipped (exit code 77) when scripts/fetch-server-test-data has not installed it."""
+Fails when scripts/fetch-server-test-data (run by scripts/test) has not installed it."""
 import os
 import shutil
 import subprocess
@@ -29,5 +29,5 @@ class OpenAIClientTest(unittest.TestCase):
 if __name__ == "__main__":
     if not os.path.isdir(os.path.join(NODE_DIR, "node_modules", "openai")):
         print("openai npm package missing: run scripts/fetch-server-test-data")
-        sys.exit(77)
+        sys.exit(1)
     unittest.main()

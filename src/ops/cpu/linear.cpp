@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "formats/nvfp4.h"
 #include "ops/cpu/cpu_backend.h"
 
 namespace tetra::ops::cpu {
@@ -13,22 +14,11 @@ void decode_weight_row(const LinearWeight& w, int64_t row, float* out) {
     case WeightFormat::Dense:
       for (int64_t i = 0; i < k; ++i) out[i] = load_f32(w.weight, row * k + i);
       return;
-    case WeightFormat::Nvfp4: {
-      // weight: 2 e2m1 codes per byte, low nibble = even index; one E4M3 scale per 16.
-      const uint8_t* codes = w.weight.as<const uint8_t>() + row * (k / 2);
-      const uint8_t* scales = w.block_scale.as<const uint8_t>() + row * (k / 16);
-      for (int64_t b = 0; b < k / 16; ++b) {
-        // The product is formed in fp32 as e2m1 * f32(scale) * global, left to right, which is
-        // the order the dequantization formula states.
-        const float s = e4m3_to_f32(scales[b]);
-        for (int64_t j = 0; j < 8; ++j) {
-          const uint8_t byte = codes[b * 8 + j];
-          out[b * 16 + 2 * j] = e2m1_to_f32(byte & 0xf) * s * w.global_scale;
-          out[b * 16 + 2 * j + 1] = e2m1_to_f32(byte >> 4) * s * w.global_scale;
-        }
-      }
+    case WeightFormat::Nvfp4:
+      // Block by block, in ModelOpt's order: e2m1 * f32(f32(scale) * weight_scale_2).
+      nvfp4::dequantize_row(w.weight.as<const uint8_t>() + row * (k / 2),
+                            w.block_scale.as<const uint8_t>() + row * (k / 16), w.global_scale, k, out);
       return;
-    }
     case WeightFormat::Fp8: {
       const uint8_t* codes = w.weight.as<const uint8_t>() + row * k;
       for (int64_t i = 0; i < k; ++i) out[i] = e4m3_to_f32(codes[i]) * w.global_scale;

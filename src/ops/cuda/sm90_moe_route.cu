@@ -84,7 +84,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_kernel(RouteParams p) 
 
   if (p.sigmoid && p.n_group > 1) {
     // Group score = sum of the group's two best biased scores; keep topk_group groups and
-    // set the others' selection scores to 0.0 (masked_fill in transformers).
+    // mask the others' selection scores with -inf, as transformers 5 does (older versions
+    // used 0.0, which differs when biased scores go negative).
     const int per = E / p.n_group;
     float gscore = -INFINITY;
     if (lane < p.n_group) {
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_kernel(RouteParams p) 
       if (lane == i) gscore = -INFINITY;
     }
     for (int e = lane; e < E; e += 32)
-      if (!((keep >> (e / per)) & 1u)) sel[e] = 0.0f;
+      if (!((keep >> (e / per)) & 1u)) sel[e] = -INFINITY;
     __syncwarp();
   }
 

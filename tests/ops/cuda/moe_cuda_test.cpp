@@ -312,7 +312,7 @@ TEST_P(MoeRouteTest, MatchesFormatsSection22) {
         std::vector<bool> keep(size_t(c.n_group), false);
         for (int i = 0; i < c.topk_group; ++i) keep[size_t(gs[size_t(i)].second)] = true;
         for (int e = 0; e < c.E; ++e)
-          if (!keep[size_t(e / per)]) sel[size_t(e)] = 0.0;
+          if (!keep[size_t(e / per)]) sel[size_t(e)] = -INFINITY;  // transformers 5
       }
     }
     std::vector<int> order(size_t(c.E));
