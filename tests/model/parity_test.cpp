@@ -39,7 +39,13 @@ INSTANTIATE_TEST_SUITE_P(Families, Parity,
                          ::testing::Values("qwen3_moe-tiny", "qwen3_moe-nonorm", "glm4_moe-tiny",
                                            "mixtral-tiny", "deepseek_v3-tiny",
                                            "deepseek_v3-noqlora", "glm4_moe_lite-tiny",
-                                           "glm_moe_dsa-tiny"),
+                                           "glm_moe_dsa-tiny",
+                                           // NVFP4 (W4A16) checkpoints against transformers run
+                                           // on their dequantized weights
+                                           "qwen3_moe-tiny-nvfp4", "qwen3_moe-nonorm-nvfp4",
+                                           "glm4_moe-tiny-nvfp4", "mixtral-tiny-nvfp4",
+                                           "deepseek_v3-tiny-nvfp4", "deepseek_v3-noqlora-nvfp4",
+                                           "glm4_moe_lite-tiny-nvfp4", "glm_moe_dsa-tiny-nvfp4"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
