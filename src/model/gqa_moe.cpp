@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "model/decoder_parts.h"
 #include "model/ffn.h"
 #include "model/rope.h"
 #include "model/weights.h"
@@ -37,7 +38,6 @@ class GqaMoeModel : public Model {
     WeightLoader loader(*checkpoint_, backend_, options);
     const int64_t hidden = c.hidden_size, q_width = c.n_heads * c.head_dim,
                   kv_width = c.n_kv_heads * c.head_dim;
-    embed_ = loader.floats("model.embed_tokens.weight", {c.vocab_size, hidden});
     const FfnNames names = ffn_names(c.family);
     for (int l = 0; l < c.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -58,22 +58,8 @@ class GqaMoeModel : public Model {
       layer.ffn = load_ffn(loader, backend_, c, l, names);
       layers_.push_back(std::move(layer));
     }
-    final_norm_ = loader.floats("model.norm.weight", {hidden});
-    if (c.tie_word_embeddings) {
-      lm_head_.weight = embed_;
-    } else {
-      lm_head_ = loader.linear("lm_head", c.vocab_size, hidden, false);
-    }
-    lm_head_.n_out = c.vocab_size;
-    lm_head_.n_in = hidden;
-
-    RopeFrequencies freqs = rope_frequencies(c.rope);
-    inv_freq_ = backend_.alloc(DType::F32, {int64_t(freqs.inv_freq.size())});
-    backend_.copy_from_host(inv_freq_->view(), freqs.inv_freq.data());
-    rope_.inv_freq = inv_freq_->view();
-    rope_.attention_scaling = freqs.attention_scaling;
-    rope_.rotary_dim = int(c.rope.rotary_dim);
-    rope_.interleaved = c.rope.interleaved;
+    io_ = load_token_io(loader, c);
+    rope_ = upload_rope(backend_, c.rope);
     stats_ = loader.stats();
   }
 
@@ -105,7 +91,7 @@ class GqaMoeModel : public Model {
     auto attn = b.alloc(act, {n_tokens, n_heads, hd});
     const float scale = 1.0f / std::sqrt(float(hd));
 
-    b.embedding(ctx, embed_, in.token_ids, h->view());
+    b.embedding(ctx, io_.embed, in.token_ids, h->view());
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
       const AttentionWeights& a = layer.attn;
@@ -117,8 +103,8 @@ class GqaMoeModel : public Model {
         b.rms_norm(ctx, q->view(), a.q_norm, float(c.rms_norm_eps), q->view());
         b.rms_norm(ctx, k->view(), a.k_norm, float(c.rms_norm_eps), k->view());
       }
-      b.rope(ctx, q->view(), in.attn.positions, rope_);
-      b.rope(ctx, k->view(), in.attn.positions, rope_);
+      b.rope(ctx, q->view(), in.attn.positions, rope_.spec);
+      b.rope(ctx, k->view(), in.attn.positions, rope_.spec);
       b.kv_write(ctx, k->view(), v->view(), in.attn, cache[l]);
       b.attention(ctx, q->view(), cache[l], in.attn, scale, attn->view());
       b.linear(ctx, attn->view().reshaped({n_tokens, n_heads * hd}), a.o, y->view());
@@ -128,23 +114,16 @@ class GqaMoeModel : public Model {
       run_ffn(b, layer.ffn, x->view(), y->view());
       b.add(ctx, h->view(), y->view(), h->view());
     }
-    // The final norm is row-wise, so only the rows whose logits are wanted need it.
-    const int64_t n_rows = in.logit_rows.numel();
-    auto rows = b.alloc(act, {n_rows, hidden});
-    b.gather_rows(ctx, h->view(), in.logit_rows, rows->view());
-    b.rms_norm(ctx, rows->view(), final_norm_, float(c.rms_norm_eps), rows->view());
-    b.linear(ctx, rows->view(), lm_head_, logits);
+    project_logits(b, io_, float(c.rms_norm_eps), h->view(), in.logit_rows, logits);
   }
 
  private:
   ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;  // owns the mapping the CPU weights point into
   ops::Backend& backend_;
-  TensorView embed_, final_norm_;
-  ops::LinearWeight lm_head_;
+  TokenIo io_;
   std::vector<Layer> layers_;
-  std::unique_ptr<ops::Buffer> inv_freq_;
-  ops::RopeSpec rope_;
+  DeviceRope rope_;
   LoadStats stats_;
 };
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "model/decoder_parts.h"
 #include "model/ffn.h"
 #include "model/rope.h"
 #include "model/weights.h"
@@ -46,7 +47,6 @@ class MlaMoeModel : public Model {
     WeightLoader loader(*checkpoint_, backend_, options);
     const int64_t hidden = c.hidden_size, heads = c.n_heads;
     const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-    embed_ = loader.floats("model.embed_tokens.weight", {c.vocab_size, hidden});
     const FfnNames names{"mlp.", "gate", "experts.", "gate_proj", "up_proj", "down_proj", "shared_experts."};
     for (int l = 0; l < c.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -82,23 +82,9 @@ class MlaMoeModel : public Model {
       layer.ffn = load_ffn(loader, backend_, c, l, names);
       layers_.push_back(std::move(layer));
     }
-    final_norm_ = loader.floats("model.norm.weight", {hidden});
-    if (c.tie_word_embeddings) {
-      lm_head_.weight = embed_;
-    } else {
-      lm_head_ = loader.linear("lm_head", c.vocab_size, hidden, false);
-    }
-    lm_head_.n_out = c.vocab_size;
-    lm_head_.n_in = hidden;
-
-    RopeFrequencies freqs = rope_frequencies(c.rope);
-    inv_freq_ = backend_.alloc(DType::F32, {int64_t(freqs.inv_freq.size())});
-    backend_.copy_from_host(inv_freq_->view(), freqs.inv_freq.data());
-    rope_.inv_freq = inv_freq_->view();
-    rope_.attention_scaling = freqs.attention_scaling;
-    rope_.rotary_dim = int(c.qk_rope_head_dim);
-    rope_.interleaved = c.rope.interleaved;
-    index_rope_ = rope_;
+    io_ = load_token_io(loader, c);
+    rope_ = upload_rope(backend_, c.rope);
+    index_rope_ = rope_.spec;
     index_rope_.interleaved = c.indexer_rope_interleaved;
 
     scale_ = 1.0 / std::sqrt(double(qk));
@@ -148,7 +134,7 @@ class MlaMoeModel : public Model {
     std::unique_ptr<ops::Buffer> selected;
     if (c.index_topk > 0) selected = b.alloc(DType::I32, {t, c.index_topk});
 
-    b.embedding(ctx, embed_, in.token_ids, h->view());
+    b.embedding(ctx, io_.embed, in.token_ids, h->view());
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
       const MlaWeights& w = layer.attn;
@@ -164,13 +150,13 @@ class MlaMoeModel : public Model {
       const TensorView q_rows = q->view().reshaped({t * heads, qk});
       b.copy_columns(ctx, q_rows, 0, q_nope->view().reshaped({t * heads, dn}), 0, dn);
       b.copy_columns(ctx, q_rows, dn, q_rope->view().reshaped({t * heads, dr}), 0, dr);
-      b.rope(ctx, q_rope->view(), in.attn.positions, rope_);
+      b.rope(ctx, q_rope->view(), in.attn.positions, rope_.spec);
       // The cache entry: normalized latent, then the rotated rope key.
       b.linear(ctx, x->view(), w.kv_a, ckv->view());
       b.copy_columns(ctx, ckv->view(), 0, latent->view(), 0, rank);
       b.copy_columns(ctx, ckv->view(), rank, k_rope->view().reshaped({t, dr}), 0, dr);
       b.rms_norm(ctx, latent->view(), w.kv_a_norm, kLatentNormEps, latent->view());
-      b.rope(ctx, k_rope->view(), in.attn.positions, rope_);
+      b.rope(ctx, k_rope->view(), in.attn.positions, rope_.spec);
       b.copy_columns(ctx, latent->view(), 0, ckv->view(), 0, rank);
       b.copy_columns(ctx, k_rope->view().reshaped({t, dr}), 0, ckv->view(), rank, dr);
       b.cache_write(ctx, ckv->view(), in.attn, cache[l].k);
@@ -195,11 +181,7 @@ class MlaMoeModel : public Model {
       run_ffn(b, layer.ffn, x->view(), y->view());
       b.add(ctx, h->view(), y->view(), h->view());
     }
-    const int64_t n_rows = in.logit_rows.numel();
-    auto rows = b.alloc(act, {n_rows, hidden});
-    b.gather_rows(ctx, h->view(), in.logit_rows, rows->view());
-    b.rms_norm(ctx, rows->view(), final_norm_, float(c.rms_norm_eps), rows->view());
-    b.linear(ctx, rows->view(), lm_head_, logits);
+    project_logits(b, io_, float(c.rms_norm_eps), h->view(), in.logit_rows, logits);
   }
 
  private:
@@ -233,11 +215,10 @@ class MlaMoeModel : public Model {
   ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;  // owns the mapping the CPU weights point into
   ops::Backend& backend_;
-  TensorView embed_, final_norm_;
-  ops::LinearWeight lm_head_;
+  TokenIo io_;
   std::vector<Layer> layers_;
-  std::unique_ptr<ops::Buffer> inv_freq_;
-  ops::RopeSpec rope_, index_rope_;
+  DeviceRope rope_;
+  ops::RopeSpec index_rope_;  // the indexer's pairing may differ; frequencies are shared
   double scale_ = 1.0;
   LoadStats stats_;
 };
