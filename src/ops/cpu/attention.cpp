@@ -1,4 +1,5 @@
 // Rotary embeddings, the paged KV cache and causal attention on the CPU.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -38,25 +39,30 @@ void rope(ThreadPool* pool, TensorView x, TensorView positions, const RopeSpec& 
   });
 }
 
-namespace {
-
-int64_t cache_slot(const AttentionBatch& b, int64_t seq, int64_t pos) {
-  const int32_t block = b.block_tables.as<const int32_t>()[seq * b.max_blocks_per_seq + pos / b.block_size];
-  return int64_t(block) * b.block_size + pos % b.block_size;
+std::vector<int32_t> sequence_of_tokens(const AttentionBatch& b) {
+  std::vector<int32_t> seq_of(static_cast<size_t>(b.n_tokens));
+  const int32_t* starts = b.seq_starts.as<const int32_t>();
+  for (int s = 0; s < b.n_seqs; ++s)
+    for (int32_t t = starts[s]; t < starts[s + 1]; ++t) seq_of[size_t(t)] = s;
+  return seq_of;
 }
 
-}  // namespace
-
-void kv_write(TensorView k, TensorView v, const AttentionBatch& batch, const KvCacheLayer& cache) {
-  const int64_t n_slots = cache.k.dim(0) * cache.k.dim(1);
-  const int64_t k_row = k.numel() / k.dim(0), v_row = v.numel() / v.dim(0);
+void cache_write(TensorView rows, const AttentionBatch& batch, TensorView cache) {
+  const int64_t n_slots = cache.dim(0) * cache.dim(1);
+  const int64_t width = rows.numel() / std::max<int64_t>(1, rows.dim(0));
+  TETRA_CHECK(width * n_slots == cache.numel(), "cache_write: rows of ", width,
+              " values do not fit a cache of shape ", cache.shape.str());
   for (int64_t t = 0; t < batch.n_tokens; ++t) {
     const int32_t slot = batch.slot_mapping.as<const int32_t>()[t];
-    TETRA_CHECK(slot >= 0 && slot < n_slots, "kv_write: slot ", slot, " is outside the cache of ",
+    TETRA_CHECK(slot >= 0 && slot < n_slots, "cache_write: slot ", slot, " is outside the cache of ",
                 n_slots);
-    std::copy_n(k.as<const float>() + t * k_row, k_row, cache.k.as<float>() + slot * k_row);
-    std::copy_n(v.as<const float>() + t * v_row, v_row, cache.v.as<float>() + slot * v_row);
+    std::copy_n(rows.as<const float>() + t * width, width, cache.as<float>() + slot * width);
   }
+}
+
+void kv_write(TensorView k, TensorView v, const AttentionBatch& batch, const KvCacheLayer& cache) {
+  cache_write(k, batch, cache.k);
+  cache_write(v, batch, cache.v);
 }
 
 void attention(ThreadPool* pool, TensorView q, const KvCacheLayer& cache, const AttentionBatch& batch,
@@ -66,10 +72,7 @@ void attention(ThreadPool* pool, TensorView q, const KvCacheLayer& cache, const 
   TETRA_CHECK(n_heads % n_kv_heads == 0, "attention: ", n_heads, " heads cannot share ", n_kv_heads,
               " KV heads");
   const int64_t group = n_heads / n_kv_heads;
-  std::vector<int32_t> seq_of(static_cast<size_t>(n_tokens));
-  for (int s = 0; s < batch.n_seqs; ++s)
-    for (int32_t t = batch.seq_starts.as<const int32_t>()[s]; t < batch.seq_starts.as<const int32_t>()[s + 1]; ++t)
-      seq_of[size_t(t)] = s;
+  const auto seq_of = sequence_of_tokens(batch);
 
   pool->parallel_for(n_tokens * n_heads, 4, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "ops/ops.h"
 
@@ -16,6 +17,14 @@ void decode_weight_row(const LinearWeight& w, int64_t row, float* out);
 
 // out[T, n_out] = x[T, n_in] W^T (+ bias); x and out F32.
 void linear_f32(ThreadPool* pool, const float* x, int64_t n_tokens, const LinearWeight& w, float* out);
+
+// The cache slot of position `pos` of sequence `seq`, through the batch's block tables.
+inline int64_t cache_slot(const AttentionBatch& b, int64_t seq, int64_t pos) {
+  const int32_t block = b.block_tables.as<const int32_t>()[seq * b.max_blocks_per_seq + pos / b.block_size];
+  return int64_t(block) * b.block_size + pos % b.block_size;
+}
+// The sequence each token of the batch belongs to.
+std::vector<int32_t> sequence_of_tokens(const AttentionBatch& b);
 
 void rope(ThreadPool* pool, TensorView x, TensorView positions, const RopeSpec& rope);
 void kv_write(TensorView k, TensorView v, const AttentionBatch& batch, const KvCacheLayer& cache);

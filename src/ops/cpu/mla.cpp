@@ -7,36 +7,6 @@
 #include "ops/cpu/cpu_backend.h"
 
 namespace tetra::ops::cpu {
-namespace {
-
-int64_t cache_slot(const AttentionBatch& b, int64_t seq, int64_t pos) {
-  const int32_t block = b.block_tables.as<const int32_t>()[seq * b.max_blocks_per_seq + pos / b.block_size];
-  return int64_t(block) * b.block_size + pos % b.block_size;
-}
-
-std::vector<int32_t> sequence_of_tokens(const AttentionBatch& b) {
-  std::vector<int32_t> seq_of(static_cast<size_t>(b.n_tokens));
-  const int32_t* starts = b.seq_starts.as<const int32_t>();
-  for (int s = 0; s < b.n_seqs; ++s)
-    for (int32_t t = starts[s]; t < starts[s + 1]; ++t) seq_of[size_t(t)] = s;
-  return seq_of;
-}
-
-}  // namespace
-
-void cache_write(TensorView rows, const AttentionBatch& batch, TensorView cache) {
-  const int64_t n_slots = cache.dim(0) * cache.dim(1);
-  const int64_t width = rows.numel() / std::max<int64_t>(1, rows.dim(0));
-  TETRA_CHECK(width * n_slots == cache.numel(), "cache_write: rows of ", width,
-              " values do not fit a cache of shape ", cache.shape.str());
-  for (int64_t t = 0; t < batch.n_tokens; ++t) {
-    const int32_t slot = batch.slot_mapping.as<const int32_t>()[t];
-    TETRA_CHECK(slot >= 0 && slot < n_slots, "cache_write: slot ", slot, " is outside the cache of ",
-                n_slots);
-    std::copy_n(rows.as<const float>() + t * width, width, cache.as<float>() + slot * width);
-  }
-}
-
 void mla_attention(ThreadPool* pool, TensorView q_latent, TensorView q_rope, const KvCacheLayer& cache,
                    const AttentionBatch& batch, float scale, TensorView selected, TensorView out) {
   const int64_t n_tokens = q_latent.dim(0), n_heads = q_latent.dim(1), rank = q_latent.dim(2);
