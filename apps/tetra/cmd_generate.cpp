@@ -97,13 +97,7 @@ int cmd_generate(int argc, char** argv) {
   }
 
   // Requests are checked against the config before the weights are touched.
-  const ModelConfig checked = load_model_config(dir);
-  for (int32_t id : prompt_tokens)
-    TETRA_CHECK(id < checked.vocab_size, "prompt token id ", id, " is outside the vocabulary of ",
-                checked.vocab_size, " of ", (dir / "config.json").string());
-  TETRA_CHECK(int64_t(prompt_tokens.size()) + max_new_tokens <= checked.max_position_embeddings,
-              "the prompt (", prompt_tokens.size(), " tokens) plus --max-new-tokens ", max_new_tokens,
-              " exceeds the model's context of ", checked.max_position_embeddings);
+  runtime::check_prompt(load_model_config(dir), prompt_tokens, max_new_tokens);
 
   auto backend = ops::make_cpu_backend(threads);
   Progress progress("loading " + dir.filename().string());

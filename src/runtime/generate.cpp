@@ -20,17 +20,23 @@ void fingerprint_add(uint32_t& h, const std::vector<float>& values) {
 
 }  // namespace
 
-GenerateResult generate(model::Model& model, ops::Backend& backend,
-                        const std::vector<int32_t>& prompt, const GenerateOptions& options) {
-  const ModelConfig& config = model.config();
+void check_prompt(const ModelConfig& config, const std::vector<int32_t>& prompt,
+                  int64_t max_new_tokens) {
   TETRA_CHECK(!prompt.empty(), "the prompt has no tokens");
   for (int32_t id : prompt)
     TETRA_CHECK(id >= 0 && id < config.vocab_size, "prompt token id ", id,
                 " is outside the vocabulary of ", config.vocab_size);
-  const int64_t total = int64_t(prompt.size()) + options.max_new_tokens;
+  const int64_t total = int64_t(prompt.size()) + max_new_tokens;
   TETRA_CHECK(total <= config.max_position_embeddings, "the prompt (", prompt.size(),
-              " tokens) plus ", options.max_new_tokens,
-              " new tokens exceeds the model's context of ", config.max_position_embeddings);
+              " tokens) plus ", max_new_tokens, " new tokens exceeds the model's context of ",
+              config.max_position_embeddings);
+}
+
+GenerateResult generate(model::Model& model, ops::Backend& backend,
+                        const std::vector<int32_t>& prompt, const GenerateOptions& options) {
+  const ModelConfig& config = model.config();
+  check_prompt(config, prompt, options.max_new_tokens);
+  const int64_t total = int64_t(prompt.size()) + options.max_new_tokens;
 
   const int bs = options.block_size;
   const int64_t n_blocks = (total + bs - 1) / bs;

@@ -30,6 +30,11 @@ struct GenerateResult {
   uint32_t logits_fingerprint = 0;  // FNV-1a over every logit produced
 };
 
+// Checks a prompt against the model's config (non-empty, ids in the vocabulary, prompt plus
+// new tokens within the context); throws tetra::Error with one sentence. Needs no weights.
+void check_prompt(const ModelConfig& config, const std::vector<int32_t>& prompt,
+                  int64_t max_new_tokens);
+
 GenerateResult generate(model::Model& model, ops::Backend& backend,
                         const std::vector<int32_t>& prompt, const GenerateOptions& options);
 
