@@ -95,9 +95,13 @@ char32_t utf8_next(std::string_view s, size_t& i) {
     ++i;
     return b;
   }
-  int n = b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+  size_t n = utf8_valid_len(s, i);
+  if (n == 0) {  // ill-formed or truncated: one U+FFFD for the maximal subpart
+    i += utf8_invalid_len(s, i);
+    return 0xFFFD;
+  }
   char32_t cp = b & (0x7F >> n);
-  for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<uint8_t>(s[i + k]) & 0x3F);
+  for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<uint8_t>(s[i + k]) & 0x3F);
   i += n;
   return cp;
 }

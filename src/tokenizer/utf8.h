@@ -24,7 +24,8 @@ bool utf8_is_valid(std::string_view s);
 // s with every ill-formed subpart replaced by U+FFFD.
 std::string utf8_sanitize(std::string_view s);
 
-// Decodes the code point at s[i] (which must be valid) and advances i.
+// Decodes the code point at s[i] and advances i; an ill-formed or truncated sequence reads
+// as U+FFFD and advances past its maximal subpart, so no input reads beyond s.
 char32_t utf8_next(std::string_view s, size_t& i);
 
 void utf8_append(std::string& out, char32_t cp);

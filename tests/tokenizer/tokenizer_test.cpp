@@ -146,6 +146,21 @@ TEST(Utf8, SanitizeReplacesMaximalSubparts) {
   EXPECT_EQ(utf8_sanitize("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
   EXPECT_EQ(utf8_sanitize("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
   EXPECT_EQ(utf8_sanitize("\xF4\x90\x80\x80").size(), 12u);          // above U+10FFFF
+  // utf8_next is total: truncated and ill-formed input reads as U+FFFD, never past the end.
+  for (std::string_view bad : {std::string_view("\xE2\x82"), std::string_view("\xF0"),
+                               std::string_view("\xC0\xAF"), std::string_view("\xFF")}) {
+    std::string owned(bad);  // heap copy, so ASan sees a read past the end
+    size_t i = 0;
+    EXPECT_EQ(utf8_next(owned, i), 0xFFFDu);
+    EXPECT_GE(i, 1u);
+    EXPECT_LE(i, owned.size());
+  }
+  {
+    std::string euro = "\xE2\x82\xAC!";
+    size_t i = 0;
+    EXPECT_EQ(utf8_next(euro, i), 0x20ACu);
+    EXPECT_EQ(i, 3u);
+  }
   EXPECT_EQ(utf8_incomplete_tail("ab\xF0\x9F\x98"), 3u);
   EXPECT_EQ(utf8_incomplete_tail("ab\xF0\x9F\x98\x80"), 0u);
   EXPECT_EQ(utf8_incomplete_tail("ab\x80"), 0u);
