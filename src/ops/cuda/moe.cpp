@@ -2,6 +2,7 @@
 // route -> permute -> gate/up (+SiLU) -> down -> combine. No host synchronization.
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/moe_internal.h"
@@ -97,6 +98,7 @@ MoeConfig heuristic_config(const CudaMoeExperts& ex, int64_t n_tokens, int top_k
   const double per_expert = double(rows) / double(std::min<int64_t>(ex.n_stored(), rows));
   MoeConfig c;
   c.tile_tokens = per_expert <= 6 ? 8 : per_expert <= 12 ? 16 : per_expert <= 48 ? 32 : 64;
+  if (ex.format == WeightFormat::Nvfp4 && per_expert > 96) c.tile_tokens = 128;
   c.why = str_cat("heuristic: ", per_expert, " tokens per active expert");
   return c;
 }
@@ -138,8 +140,10 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
                TensorView weights, TensorView out, const std::string& key) {
   const int64_t T = x.dim(0);
   const int top_k = int(ids.dim(1));
-  const int tiles[] = {8, 16, 32, 64};
+  const std::vector<int> tiles = ex.format == WeightFormat::Nvfp4 ? std::vector<int>{8, 16, 32, 64, 128}
+                                                                   : std::vector<int>{8, 16, 32, 64};
   const int h = heuristic_config(ex, T, top_k).tile_tokens;
+  const int hi = int(std::find(tiles.begin(), tiles.end(), h) - tiles.begin());
   auto stream = static_cast<cudaStream_t>(ctx.stream);
   cudaEvent_t e0, e1;
   TETRA_CUDA_CHECK(cudaEventCreate(&e0));
@@ -147,8 +151,7 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
   MoeConfig best;
   float best_ms = 0;
   std::string report;
-  for (int i = 0; i < 4; ++i) {
-    const int hi = h == 8 ? 0 : h == 16 ? 1 : h == 32 ? 2 : 3;
+  for (int i = 0; i < int(tiles.size()); ++i) {
     if (i < hi - 1 || i > hi + 1) continue;  // the heuristic's neighbours only
     const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, tiles[i]);
     enqueue_layer(stream, ex, x, ids, weights, out, s, tiles[i]);

@@ -44,7 +44,9 @@ void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, Tenso
 
 // How the expert GEMMs run; chosen per (shape, token bucket) unless forced.
 struct MoeConfig {
-  int tile_tokens = 0;  // tokens per work item: 8, 16, 32 or 64 (the MMA's N times 1..8)
+  // Tokens per work item: 8, 16, 32 (mma.sync, weights streamed once per item), 64 (NVFP4:
+  // wgmma; BF16: mma.sync) or 128 (NVFP4 only: wgmma).
+  int tile_tokens = 0;
   bool tuned = false;   // chosen by timing (else by the heuristic or forced)
   std::string why;      // what chose it, for --verbose
   std::string str() const;

@@ -87,11 +87,23 @@ void launch_permute(cudaStream_t stream, const int* ids, int n_tokens, int top_k
 void launch_combine(cudaStream_t stream, const float* y, const int* pos, const float* weights,
                     int n_tokens, int top_k, bool shared, int hidden, uint16_t* out);
 
-// ---- launchers (sm90_moe_gemm.cu) ----
+// Tiles of 64 and 128 tokens of NVFP4 experts run on the wgmma kernels (sm90_moe_wgmma.cu);
+// the rest on the weight-streaming mma.sync kernels (sm90_moe_gemm.cu).
+inline bool moe_uses_wgmma(WeightFormat format, int tile_tokens) {
+  return format == WeightFormat::Nvfp4 && tile_tokens >= 64;
+}
+
+// ---- launchers (sm90_moe_gemm.cu; they hand wgmma tiles on) ----
 void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
                     const MoeScratch& s, int tile_tokens);
 void launch_down(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
                  int tile_tokens);
+
+// ---- launchers (sm90_moe_wgmma.cu) ----
+void launch_gate_up_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
+                          const MoeScratch& s, int tile_tokens);
+void launch_down_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
+                       int tile_tokens);
 
 // ---- device fills (sm90_moe_route.cu) ----
 // Bytes uniform in [lo, lo + span), span in 1..256.

@@ -3,7 +3,7 @@
 // Decode is bound by the bytes of the experts a batch touches, so the kernels are built to
 // stream weights: every warp owns 16 weight rows (the MMA's M) of one or two matrices and
 // walks the whole K dimension, with the tokens of one work item as the MMA's N (8, 16 or 32:
-// the "swapped" A/B of a GEMV). Weight bytes are read exactly once per work item and never
+// the "swapped" A/B of a GEMV). NVFP4 tiles of 64 and 128 tokens go to sm90_moe_wgmma.cu. Weight bytes are read exactly once per work item and never
 // staged through shared memory; the activations (a few KB per item) come through L1.
 //
 // K order inside a 128-wide chunk: lane (g, t) of the mma fragment owns the 32 consecutive
@@ -17,55 +17,13 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/sm90_nvfp4_decode.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
 
 constexpr int kWarps = 4;  // warps per block; each owns a 16-row weight tile (x2 matrices)
 static_assert(kMoeChunkK == 4 * 32, "a chunk is 4 lanes x 32 values along K");
-
-// Weights are read once per work item: don't let them push the activations out of L1. Each
-// load takes 64 bytes of a row and the next chunks continue along it, so ask L2 to fetch the
-// surrounding 256 bytes from DRAM at once.
-__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t ld_stream_u16(const void* p) {
-  unsigned short v;
-  asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
-  return v;
-}
-
-// Two e2m1 values (at bits 12..15 and 28..31 of q) as a bf16 pair scaled by 2^-126: the
-// 3 magnitude bits land on the two low exponent bits and the top mantissa bit, which gives
-// 2^(e-1) * (1 + m/2) * 2^-126 for e > 0 and the subnormal 0.5 * 2^-126 for e = 0, m = 1.
-__device__ __forceinline__ uint32_t e2m1x2_to_bf16x2_raw(uint32_t q) {
-  return (q & 0x80008000u) | ((q & 0x70007000u) >> 6);
-}
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// Two E4M3 block scales as bf16 pairs (each scale in both halves), times 2^118 so that the
-// product with the 2^-126 of the raw decode is scale * 2^-8 (the kernel multiplies 2^8 back
-// into the global scale). 448 * 2^118 < 2^127, so the bf16 cannot overflow; the product of a
-// 2-bit e2m1 significand and a 4-bit E4M3 one is exact in bf16.
-__device__ __forceinline__ void scale_pair_to_bf16x2(uint32_t s, uint32_t& s0, uint32_t& s1) {
-  __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s), __NV_E4M3);
-  float2 f = __half22float2(*reinterpret_cast<__half2*>(&hr));
-  __nv_bfloat162 b0 = __float2bfloat162_rn(f.x * 0x1p118f);
-  __nv_bfloat162 b1 = __float2bfloat162_rn(f.y * 0x1p118f);
-  s0 = *reinterpret_cast<uint32_t*>(&b0);
-  s1 = *reinterpret_cast<uint32_t*>(&b1);
-}
 
 __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uint32_t a1,
                                                  uint32_t a2, uint32_t a3, uint32_t b0,
@@ -75,10 +33,6 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], uint32_t a0, uin
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int w) {
-  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
 }
 
 // One stage of the register pipeline: a lane's share of the weights of one 128-wide K chunk.
@@ -393,7 +347,9 @@ void launch_gemm(cudaStream_t stream, const GemmParams& p, int tile_tokens, int 
     case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4, 2>(stream, p, max_items, gate_up); break;
     case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(stream, p, max_items, gate_up); break;
     case 64: launch_pair<kFp4, 8, 2, 1, 1>(stream, p, max_items, gate_up); break;
-    default: fail("moe: tile_tokens must be 8, 16, 32 or 64, not ", tile_tokens);
+    default:
+      fail("moe: tile_tokens must be 8, 16, 32 or 64", kFp4 ? " (128 for NVFP4)" : "", ", not ",
+           tile_tokens);
   }
 }
 
@@ -401,6 +357,7 @@ void launch_gemm(cudaStream_t stream, const GemmParams& p, int tile_tokens, int 
 
 void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
                     const MoeScratch& s, int tile_tokens) {
+  if (moe_uses_wgmma(ex.format, tile_tokens)) return launch_gate_up_wgmma(stream, ex, x, s, tile_tokens);
   GemmParams p = base_params(ex, s, true);
   p.b = x;
   p.b_rows = s.row_token;
@@ -412,6 +369,7 @@ void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_
 
 void launch_down(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
                  int tile_tokens) {
+  if (moe_uses_wgmma(ex.format, tile_tokens)) return launch_down_wgmma(stream, ex, s, tile_tokens);
   GemmParams p = base_params(ex, s, false);
   p.b = s.h;
   p.b_rows = nullptr;

@@ -1,0 +1,381 @@
+// The grouped expert GEMMs of the MoE layer for many tokens per expert (sm_90a, wgmma).
+//
+// Prefill gives every expert tens to hundreds of tokens, so the weights are reused and the
+// tensor cores set the pace. A block is two warpgroups; each owns 64 weight rows (wgmma's M)
+// and the block's work item gives the tokens (wgmma's N: 64 or 128). NVFP4 weights are
+// decoded in registers straight into wgmma's A fragments (A may come from registers on
+// Hopper, B may not); the activations go to shared memory with cp.async, 128-byte swizzled
+// as wgmma's K-major B wants them, through a ring of kStages K-chunks.
+//
+// Fragment order: wgmma reads B in natural K order, so A must be natural too. Lane (g, t)
+// of k-step j (16 values of K) needs values 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3), which
+// are nibbles 2t, 2t+1 of words 2j and 2j+1 of its row: every lane reads all 64 bytes of a
+// row's chunk (the 4 lanes of a row load the same addresses, one request) and shifts its own
+// pair into place (nvfp4_permute_word puts nibbles 2t, 2t+1 at bits 12 - 4t and 28 - 4t).
+// k-step j is exactly block-scale group j of the chunk, so each row needs all 8 of its scales.
+#include <cuda_bf16.h>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/moe_internal.h"
+#include "ops/cuda/sm90_nvfp4_decode.cuh"
+
+namespace tetra::ops::cuda {
+namespace {
+
+constexpr int kWgs = 2;                 // warpgroups per block
+constexpr int kThreads = kWgs * 128;
+constexpr int kRowBytes = kMoeChunkK * 2;  // one token's BF16 activations of one chunk
+static_assert(kMoeChunkK == 128, "a chunk is two 64-value swizzle rows");
+
+template <int kN>
+struct TileShape {
+  static constexpr int kStages = kN == 128 ? 5 : 8;  // K-chunks of activations in flight
+  static constexpr int kStageBytes = kN * kRowBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
+  static constexpr int kAcc = kN / 2;  // f32 accumulators per thread (64 rows x kN / 128)
+};
+
+// ---- PTX wrappers ----
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  // src-size 0 writes zeros: the empty token slots of a partial tile.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {  // kPending groups may stay in flight
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving accesses to registers that an async wgmma owns.
+template <int kN>
+__device__ __forceinline__ void fence_acc(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define TETRA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+                      "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// D[64 x kN] += A[64 x 16] (registers) * B[16 x kN] (shared, K-major).
+__device__ __forceinline__ void wgmma_step(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;"
+      : TETRA_ACC8(0), TETRA_ACC8(8), TETRA_ACC8(16), TETRA_ACC8(24)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+__device__ __forceinline__ void wgmma_step(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;"
+      : TETRA_ACC8(0), TETRA_ACC8(8), TETRA_ACC8(16), TETRA_ACC8(24), TETRA_ACC8(32),
+        TETRA_ACC8(40), TETRA_ACC8(48), TETRA_ACC8(56)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+#undef TETRA_ACC8
+
+// ---- operands ----
+
+// A lane's weights of one chunk: the 64 bytes and 8 block scales of rows g and g+8.
+struct AChunk {
+  uint4 w[2][4];
+  uint2 s[2];
+};
+
+struct ARows {
+  const uint8_t* w[2];  // rows g and g+8 of the lane's warp
+  const uint8_t* s[2];
+};
+
+__device__ __forceinline__ void load_a(AChunk& a, const ARows& rows, int chunk) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint4* w = reinterpret_cast<const uint4*>(rows.w[r] + chunk * 64);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) a.w[r][v] = __ldg(w + v);
+    a.s[r] = __ldg(reinterpret_cast<const uint2*>(rows.s[r] + chunk * 8));
+  }
+}
+
+// The chunk's 8 k-steps of A fragments for this lane (shift = 4t selects its nibble pair).
+__device__ __forceinline__ void decode_a(const AChunk& a, int shift, uint32_t (&frag)[8][4]) {
+  uint32_t sc[2][8];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t pair = ((p < 2 ? a.s[r].x : a.s[r].y) >> (16 * (p & 1))) & 0xffffu;
+      scale_pair_to_bf16x2(pair, sc[r][2 * p], sc[r][2 * p + 1]);
+    }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint4& v = a.w[r][j >> 1];
+      const uint32_t lo = word(v, 2 * (j & 1)), hi = word(v, 2 * (j & 1) + 1);
+      frag[j][r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(lo << shift), sc[r][j]);      // k 2t, 2t+1
+      frag[j][2 + r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(hi << shift), sc[r][j]);  // k 2t+8, 2t+9
+    }
+}
+
+struct WgmmaParams {
+  const int* n_items;
+  const MoeWorkItem* items;
+  const uint8_t* w;  // w13 or w2, all experts (NVFP4)
+  const uint8_t* w_scale;
+  const float* global_scale;
+  int64_t w_expert_bytes, w_row_bytes, s_expert_bytes, s_row_bytes;
+  const uint16_t* b;   // x [T, H] (gate/up) or h [rows, I] (down)
+  const int* b_rows;   // gate/up: token of each permuted row; down: null
+  int k;               // H (gate/up) or I (down)
+  int n;               // I (gate/up) or H (down)
+  uint16_t* h;
+  float* y;
+};
+
+// Copies the activations of one chunk for the item's kN token slots into a stage: row r of
+// the tile is token slot r, its 128 values are two 128-byte swizzle rows (K-atoms) kN * 128
+// bytes apart, and 16-byte unit c of a swizzle row sits at unit c ^ (r % 8).
+template <int kN>
+__device__ __forceinline__ void load_b(uint32_t stage, const uint16_t* const* rows,
+                                       const uint16_t* any, int chunk) {
+  constexpr int kUnits = kN * kRowBytes / 16;
+  static_assert(kUnits % kThreads == 0, "every thread copies the same number of units");
+#pragma unroll
+  for (int i = 0; i < kUnits / kThreads; ++i) {
+    const int q = int(threadIdx.x) + i * kThreads;
+    const int r = q >> 4, u = q & 15, atom = u >> 3, c = u & 7;
+    const uint16_t* src = rows[r];
+    const uint32_t dst = stage + atom * (kN * 128) + r * 128 + ((c ^ (r & 7)) << 4);
+    cp_async_16(dst, src ? src + chunk * kMoeChunkK + u * 8 : any, src != nullptr);
+  }
+}
+
+// One chunk of MMAs: 8 k-steps of 16, k-step j reads K-atom j / 4 at byte offset 32 (j % 4).
+// Every input register is defined before the fence: ptxas serializes wgmmas whose inputs
+// are written while a group is in flight, so the decode of the next chunk waits for this
+// one, and the block's other warpgroup keeps the tensor cores busy meanwhile.
+template <int kN>
+__device__ __forceinline__ void mma_chunk(float (&acc)[TileShape<kN>::kAcc], const uint32_t (&frag)[8][4],
+                                          uint32_t stage) {
+  uint64_t desc[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) desc[j] = smem_desc(stage + (j >> 2) * (kN * 128) + (j & 3) * 32);
+  wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < 8; ++j) wgmma_step(acc, frag[j], desc[j]);
+  wgmma_commit();
+  wgmma_wait<0>();
+}
+
+// acc[64 rows x kN tokens] of this warpgroup over the whole K. Rows g and g+8 of each warp
+// are given by `arows`; their next chunk is loaded into registers while this one multiplies.
+template <int kN>
+__device__ __forceinline__ void gemm_block(const ARows& arows, const uint16_t* const* brows,
+                                           const uint16_t* any, int n_chunks, uint32_t smem,
+                                           float (&acc)[TileShape<kN>::kAcc]) {
+  using S = TileShape<kN>;
+#pragma unroll
+  for (int i = 0; i < S::kAcc; ++i) acc[i] = 0.0f;
+  const int shift = 4 * (threadIdx.x & 3);
+  // Prefetch distance kStages - 1: the slot refilled at chunk c held chunk c - 1, whose MMAs
+  // every warpgroup has finished before the barrier.
+#pragma unroll
+  for (int s = 0; s < S::kStages - 1; ++s) {
+    if (s < n_chunks) load_b<kN>(smem + s * S::kStageBytes, brows, any, s);
+    cp_async_commit();
+  }
+  AChunk next;
+  load_a(next, arows, 0);
+  uint32_t frag[8][4];
+  for (int c = 0; c < n_chunks; ++c) {
+    cp_async_wait<S::kStages - 2>();
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async -> wgmma reads
+    __syncthreads();
+    const int pre = c + S::kStages - 1;
+    if (pre < n_chunks) load_b<kN>(smem + (pre % S::kStages) * S::kStageBytes, brows, any, pre);
+    cp_async_commit();
+    decode_a(next, shift, frag);
+    if (c + 1 < n_chunks) load_a(next, arows, c + 1);
+    mma_chunk<kN>(acc, frag, smem + (c % S::kStages) * S::kStageBytes);
+    fence_acc(acc);
+  }
+}
+
+// The shared prologue: the item, this thread's warpgroup row base and the token row table.
+template <int kN>
+__device__ __forceinline__ bool setup_block(const WgmmaParams& p, MoeWorkItem& item,
+                                            const uint16_t** brows, uint32_t& smem) {
+  if (int(blockIdx.x) >= *p.n_items) return false;  // the whole block leaves together
+  item = p.items[blockIdx.x];
+  for (int r = threadIdx.x; r < kN; r += kThreads) {
+    const uint16_t* src = nullptr;
+    if (r < item.n_rows) {
+      const int prow = item.row_begin + r;
+      const int brow = p.b_rows ? p.b_rows[prow] : prow;
+      src = p.b + int64_t(brow) * p.k;
+    }
+    brows[r] = src;
+  }
+  extern __shared__ uint8_t dsmem[];
+  smem = (static_cast<uint32_t>(__cvta_generic_to_shared(dsmem)) + 1023u) & ~1023u;
+  __syncthreads();
+  return true;
+}
+
+__device__ __forceinline__ ARows a_rows(const WgmmaParams& p, int expert, int row_g, int row_g8) {
+  const uint8_t* w = p.w + expert * p.w_expert_bytes;
+  const uint8_t* s = p.w_scale + expert * p.s_expert_bytes;
+  return ARows{{w + row_g * p.w_row_bytes, w + row_g8 * p.w_row_bytes},
+               {s + row_g * p.s_row_bytes, s + row_g8 * p.s_row_bytes}};
+}
+
+// h = silu(x W_gate^T) * (x W_up^T). Warp w of warpgroup wg owns h columns
+// n0 + 8w .. n0 + 8w + 7: its fragment row g is gate row n0 + 8w + g and row g + 8 the up
+// row of the same column, so SiLU x up meets in one thread.
+template <int kN>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_gate_up_kernel(WgmmaParams p) {
+  __shared__ const uint16_t* brows[kN];
+  MoeWorkItem item;
+  uint32_t smem;
+  if (!setup_block<kN>(p, item, brows, smem)) return;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int col = (blockIdx.y * kWgs + wg) * 32 + 8 * warp + g;
+  const ARows arows = a_rows(p, item.expert, col, p.n + col);
+  float acc[TileShape<kN>::kAcc];
+  gemm_block<kN>(arows, brows, p.b, p.k / kMoeChunkK, smem, acc);
+
+  const float gs_gate = p.global_scale[item.expert * 3 + 0] * 256.0f;  // 2^-8 of the decode
+  const float gs_up = p.global_scale[item.expert * 3 + 1] * 256.0f;
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int slot = 8 * i + 2 * t + e;
+      if (slot >= item.n_rows) continue;
+      const float gate = acc[4 * i + e] * gs_gate, up = acc[4 * i + 2 + e] * gs_up;
+      const __nv_bfloat16 hb = __float2bfloat16_rn(gate / (1.0f + __expf(-gate)) * up);
+      p.h[int64_t(item.row_begin + slot) * p.n + col] = *reinterpret_cast<const uint16_t*>(&hb);
+    }
+}
+
+// y = h W_down^T. Warp w of warpgroup wg owns output columns n0 + 16w .. n0 + 16w + 15.
+template <int kN>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_down_kernel(WgmmaParams p) {
+  __shared__ const uint16_t* brows[kN];
+  MoeWorkItem item;
+  uint32_t smem;
+  if (!setup_block<kN>(p, item, brows, smem)) return;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int col = (blockIdx.y * kWgs + wg) * 64 + 16 * warp + g;
+  const ARows arows = a_rows(p, item.expert, col, col + 8);
+  float acc[TileShape<kN>::kAcc];
+  gemm_block<kN>(arows, brows, p.b, p.k / kMoeChunkK, smem, acc);
+
+  const float gs = p.global_scale[item.expert * 3 + 2] * 256.0f;
+#pragma unroll
+  for (int i = 0; i < kN / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int slot = 8 * i + 2 * t + e;
+      if (slot >= item.n_rows) continue;
+      float* y = p.y + int64_t(item.row_begin + slot) * p.n + col;
+      y[0] = acc[4 * i + e] * gs;
+      y[8] = acc[4 * i + 2 + e] * gs;
+    }
+}
+
+WgmmaParams wgmma_params(const CudaMoeExperts& ex, const MoeScratch& s, bool gate_up) {
+  const int64_t H = ex.shape.hidden, I = ex.shape.intermediate;
+  const int64_t k = gate_up ? H : I;
+  WgmmaParams p{};
+  p.n_items = s.n_items;
+  p.items = s.items;
+  p.w = static_cast<const uint8_t*>(gate_up ? ex.w13 : ex.w2);
+  p.w_scale = gate_up ? ex.w13_scale : ex.w2_scale;
+  p.global_scale = ex.global_scale;
+  p.w_expert_bytes = gate_up ? ex.w13_expert_bytes() : ex.w2_expert_bytes();
+  p.w_row_bytes = k / 2;
+  p.s_expert_bytes = gate_up ? ex.w13_scale_expert_bytes() : ex.w2_scale_expert_bytes();
+  p.s_row_bytes = k / 16;
+  p.k = int(k);
+  p.n = int(gate_up ? I : H);
+  p.h = s.h;
+  p.y = s.y;
+  return p;
+}
+
+template <typename Kernel>
+void launch(Kernel kernel, int smem_bytes, dim3 grid, cudaStream_t stream, const WgmmaParams& p,
+            const char* what) {
+  // Dynamic shared memory above 48 KB must be allowed per kernel; setting it again is cheap.
+  TETRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(p);
+  TETRA_CUDA_CHECK_LAUNCH(what);
+}
+
+template <int kN>
+void launch_tile(cudaStream_t stream, const WgmmaParams& p, int max_items, bool gate_up) {
+  constexpr int kSmem = TileShape<kN>::kSmemBytes;
+  if (gate_up)
+    launch(wgmma_gate_up_kernel<kN>, kSmem, dim3(max_items, p.n / (kWgs * 32)), stream, p,
+           "moe gate_up (wgmma)");
+  else
+    launch(wgmma_down_kernel<kN>, kSmem, dim3(max_items, p.n / (kWgs * 64)), stream, p,
+           "moe down (wgmma)");
+}
+
+void launch_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* b, const int* b_rows,
+                  const MoeScratch& s, int tile_tokens, bool gate_up) {
+  TETRA_CHECK(ex.format == WeightFormat::Nvfp4, "moe: the wgmma path (tile_tokens ", tile_tokens,
+              ") is for NVFP4 weights");
+  WgmmaParams p = wgmma_params(ex, s, gate_up);
+  p.b = b;
+  p.b_rows = b_rows;
+  if (tile_tokens == 64)
+    launch_tile<64>(stream, p, s.max_items, gate_up);
+  else if (tile_tokens == 128)
+    launch_tile<128>(stream, p, s.max_items, gate_up);
+  else
+    fail("moe: the wgmma path takes tile_tokens 64 or 128, not ", tile_tokens);
+}
+
+}  // namespace
+
+void launch_gate_up_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
+                          const MoeScratch& s, int tile_tokens) {
+  launch_wgmma(stream, ex, x, s.row_token, s, tile_tokens, true);
+}
+
+void launch_down_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
+                       int tile_tokens) {
+  launch_wgmma(stream, ex, s.h, nullptr, s, tile_tokens, false);
+}
+
+}  // namespace tetra::ops::cuda
