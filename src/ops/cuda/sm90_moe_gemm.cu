@@ -3,7 +3,7 @@
 // Decode is bound by the bytes of the experts a batch touches, so the kernels are built to
 // stream weights: every warp owns 16 weight rows (the MMA's M) of one or two matrices and
 // walks the whole K dimension, with the tokens of one work item as the MMA's N (8, 16 or 32:
-// the "swapped" A/B of a GEMV). NVFP4 tiles of 64 and 128 tokens go to sm90_moe_wgmma.cu. Weight bytes are read exactly once per work item and never
+// the "swapped" A/B of a GEMV). NVFP4 tiles of 64 to 256 tokens go to sm90_moe_wgmma.cu. Weight bytes are read exactly once per work item and never
 // staged through shared memory; the activations (a few KB per item) come through L1.
 //
 // K order inside a 128-wide chunk: lane (g, t) of the mma fragment owns the 32 consecutive
@@ -348,7 +348,7 @@ void launch_gemm(cudaStream_t stream, const GemmParams& p, int tile_tokens, int 
     case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(stream, p, max_items, gate_up); break;
     case 64: launch_pair<kFp4, 8, 2, 1, 1>(stream, p, max_items, gate_up); break;
     default:
-      fail("moe: tile_tokens must be 8, 16, 32 or 64", kFp4 ? " (128 for NVFP4)" : "", ", not ",
+      fail("moe: tile_tokens must be 8, 16, 32 or 64", kFp4 ? " (128 or 256 for NVFP4)" : "", ", not ",
            tile_tokens);
   }
 }

@@ -2,7 +2,7 @@
 //
 // Prefill gives every expert tens to hundreds of tokens, so the weights are reused and the
 // tensor cores set the pace. A block is two warpgroups; each owns 64 weight rows (wgmma's M)
-// and the block's work item gives the tokens (wgmma's N: 64 or 128). NVFP4 weights are
+// and the block's work item gives the tokens (wgmma's N: 64, 128 or 256). NVFP4 weights are
 // decoded in registers straight into wgmma's A fragments (A may come from registers on
 // Hopper, B may not); the activations go to shared memory with cp.async, 128-byte swizzled
 // as wgmma's K-major B wants them, through a ring of kStages K-chunks.
@@ -29,7 +29,7 @@ static_assert(kMoeChunkK == 128, "a chunk is two 64-value swizzle rows");
 
 template <int kN>
 struct TileShape {
-  static constexpr int kStages = kN == 128 ? 5 : 8;  // K-chunks of activations in flight
+  static constexpr int kStages = kN == 256 ? 3 : kN == 128 ? 5 : 8;  // K-chunks in flight
   static constexpr int kStageBytes = kN * kRowBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
   static constexpr int kAcc = kN / 2;  // f32 accumulators per thread (64 rows x kN / 128)
@@ -94,6 +94,24 @@ __device__ __forceinline__ void wgmma_step(float (&d)[64], const uint32_t (&a)[4
       "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;"
       : TETRA_ACC8(0), TETRA_ACC8(8), TETRA_ACC8(16), TETRA_ACC8(24), TETRA_ACC8(32),
         TETRA_ACC8(40), TETRA_ACC8(48), TETRA_ACC8(56)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+__device__ __forceinline__ void wgmma_step(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+      "{%128, %129, %130, %131}, %132, 1, 1, 1, 0;"
+      : TETRA_ACC8(0), TETRA_ACC8(8), TETRA_ACC8(16), TETRA_ACC8(24), TETRA_ACC8(32),
+        TETRA_ACC8(40), TETRA_ACC8(48), TETRA_ACC8(56), TETRA_ACC8(64), TETRA_ACC8(72),
+        TETRA_ACC8(80), TETRA_ACC8(88), TETRA_ACC8(96), TETRA_ACC8(104), TETRA_ACC8(112),
+        TETRA_ACC8(120)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
 #undef TETRA_ACC8
@@ -362,8 +380,10 @@ void launch_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t*
     launch_tile<64>(stream, p, s.max_items, gate_up);
   else if (tile_tokens == 128)
     launch_tile<128>(stream, p, s.max_items, gate_up);
+  else if (tile_tokens == 256)
+    launch_tile<256>(stream, p, s.max_items, gate_up);
   else
-    fail("moe: the wgmma path takes tile_tokens 64 or 128, not ", tile_tokens);
+    fail("moe: the wgmma path takes tile_tokens 64, 128 or 256, not ", tile_tokens);
 }
 
 }  // namespace
