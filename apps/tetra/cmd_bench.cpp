@@ -17,7 +17,7 @@
 namespace tetra::cli {
 namespace {
 
-std::vector<std::string> split_list(const std::string& s) {
+[[maybe_unused]] std::vector<std::string> split_list(const std::string& s) {  // unused without CUDA
   std::vector<std::string> out;
   std::stringstream in(s);
   for (std::string item; std::getline(in, item, ',');)

@@ -28,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return 0;
 }
 
-extern "C" std::vector<std::string> tetra_fuzz_seeds() {
+std::vector<std::string> tetra_fuzz_seeds() {
   return {"Hello world", "<|im_start|>user\nhi<|im_end|>", "a [L] b [R] c word words", "e\xCC\x81 caf\xC3\xA9",
           std::string("\0\xFF\xFE\xC0\xAF\xED\xA0\x80", 8), "   \n\n\t 123456 it's IT'S", "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9"};
 }

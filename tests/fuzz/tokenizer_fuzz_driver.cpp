@@ -9,7 +9,7 @@
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
-extern "C" std::vector<std::string> tetra_fuzz_seeds();
+std::vector<std::string> tetra_fuzz_seeds();
 
 int main(int argc, char** argv) {
   long rounds = argc > 1 ? std::strtol(argv[1], nullptr, 10) : 3000;

@@ -20,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return 0;
 }
 
-extern "C" std::vector<std::string> tetra_fuzz_seeds() {
+std::vector<std::string> tetra_fuzz_seeds() {
   std::string full = tetra::tok::fuzz::small_tokenizer_json();
   return {full, "{}", "{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, \"decoder\": {\"type\": \"ByteLevel\"}}",
           "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]}, "

@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return 0;
 }
 
-extern "C" std::vector<std::string> tetra_fuzz_seeds() {
+std::vector<std::string> tetra_fuzz_seeds() {
   return {
       "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
       "{%- set ns = namespace(a=1) -%}{% for x in range(3) if x is odd %}{% set ns.a = ns.a * 2 %}{% endfor %}{{ ns.a }}",
