@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <string>
@@ -99,6 +100,14 @@ int cmd_serve(int argc, char** argv) {
               (dir / "tokenizer.json").string(), " to turn text into tokens");
   engine_config.kv_memory_bytes = parse_bytes(kv_memory);
   engine_config.max_context = context_length;
+  if (const char* v = std::getenv("TETRA_TESTING_FAIL_STEP"); v && *v) {
+    // Tests only (RELIABILITY cases 24 and 25): make that engine step fail like a device fault.
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    TETRA_CHECK(*end == '\0' && n >= 0, "TETRA_TESTING_FAIL_STEP must be a step number >= 0, not '", v, "'");
+    engine_config.testing_fail_step = n;
+    std::fprintf(stderr, "tetra serve: TETRA_TESTING_FAIL_STEP=%lld: step %lld will fail (testing)\n", n, n);
+  }
   if (served_name.empty()) served_name = std::filesystem::absolute(dir).lexically_normal().filename().string();
   if (served_name.empty()) served_name = std::filesystem::absolute(dir).parent_path().filename().string();
   raise_fd_limit();

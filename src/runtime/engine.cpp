@@ -261,6 +261,8 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
   // A step of prompt chunks that all end mid-prompt wants no logits: zero rows.
   const TensorView logits = logits_buf->view().rows(0, n_rows);
   try {
+    if (config.testing_fail_step == steps + failed_steps)
+      fail("injected fault at step ", config.testing_fail_step, " (TETRA_TESTING_FAIL_STEP)");
     model.forward(builder.build(seq_chunks), cache.layers(), logits);
     logits_host.resize(size_t(n_rows * vocab));
     if (n_rows > 0) backend.copy_to_host(logits_host.data(), logits);

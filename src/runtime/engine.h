@@ -32,6 +32,9 @@ struct EngineConfig {
   // Tests only: every prefix-cache block gets the same hash, so only the check of a hit's
   // token ids and parent keeps requests apart.
   bool testing_constant_block_hash = false;
+  // Tests only: the forward with this index (0-based, counting failed ones) throws, as a device
+  // fault would; -1 never. `tetra serve` reads it from TETRA_TESTING_FAIL_STEP.
+  int64_t testing_fail_step = -1;
 };
 
 struct RequestParams {

@@ -1,6 +1,8 @@
 // The listener, the I/O threads and the drain: SIGTERM stops accepting requests (503), turns /health to 503,
 // lets running requests finish up to --shutdown-timeout, then aborts what is left (their
 // streams end with finish_reason "abort") and returns exit code 0. A second signal aborts at once.
+// A failed engine step (a device fault on a GPU) starts the same drain and returns exit code 1,
+// so a supervisor restarts the process. Signals and timers run on one strand.
 #include "server/server.h"
 
 #include <condition_variable>
@@ -24,14 +26,16 @@ using tcp = net::ip::tcp;
 
 struct Server::Impl {
   explicit Impl(ServerOptions o)
-      : state(std::move(o)), ioc(std::max(1, state.options.http_threads)), acceptor(ioc), signals(ioc),
-        drain_timer(ioc), poll_timer(ioc), accept_retry(ioc) {}
+      : state(std::move(o)), ioc(std::max(1, state.options.http_threads)), control(net::make_strand(ioc)),
+        acceptor(ioc), signals(control), drain_timer(control), poll_timer(control), fault_timer(control),
+        accept_retry(ioc) {}
 
   ServerState state;
   net::io_context ioc;
+  net::strand<net::io_context::executor_type> control;  // serializes the drain's handlers
   tcp::acceptor acceptor;
   net::signal_set signals;
-  net::steady_timer drain_timer, poll_timer, accept_retry;
+  net::steady_timer drain_timer, poll_timer, fault_timer, accept_retry;
   std::vector<std::thread> threads;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
 
@@ -41,6 +45,7 @@ struct Server::Impl {
   bool draining = false;
   bool aborted = false;
   Clock::time_point aborted_at;
+  int exit_code = 0;  // read by wait() after the I/O threads are joined
 
   void do_accept() {
     acceptor.async_accept(net::make_strand(ioc), [this](boost::system::error_code ec, tcp::socket socket) {
@@ -103,6 +108,22 @@ struct Server::Impl {
       });
     }
     poll();
+  }
+
+  // A forward that threw leaves the engine suspect (on a GPU, a sticky device fault): health
+  // already says 503; stop taking requests, let the others finish, and exit non-zero.
+  void watch_engine() {
+    fault_timer.expires_after(std::chrono::milliseconds(100));
+    fault_timer.async_wait([this](boost::system::error_code ec) {
+      if (ec || draining) return;
+      if (state.context.engine->stats().failed_steps > 0) {
+        std::fprintf(stderr, "tetra serve: the engine failed a step; draining, then exiting with status 1\n");
+        exit_code = 1;
+        begin_drain();
+        return;
+      }
+      watch_engine();
+    });
   }
 
   void abort_all() {
@@ -170,12 +191,13 @@ void Server::set_ready(ServingContext context) {
   s.context_set.store(true, std::memory_order_release);
   Phase expected = Phase::Loading;
   s.phase.compare_exchange_strong(expected, Phase::Ready);
+  net::post(impl_->control, [m = impl_.get()] { m->watch_engine(); });
 }
 
 bool Server::stopping() const { return impl_->state.phase.load() == Phase::Draining; }
 
 void Server::stop() {
-  net::post(impl_->ioc, [m = impl_.get()] { m->begin_drain(); });
+  net::post(impl_->control, [m = impl_.get()] { m->begin_drain(); });
 }
 
 int Server::wait() {
@@ -188,7 +210,7 @@ int Server::wait() {
   m.ioc.stop();
   for (auto& t : m.threads) t.join();
   m.threads.clear();
-  return 0;
+  return m.exit_code;
 }
 
 }  // namespace tetra::server

@@ -48,7 +48,8 @@ class Server {
   void set_ready(ServingContext context);
   // True once a shutdown signal arrived (a loader can give up early).
   bool stopping() const;
-  // Blocks until the server has drained after a signal (or stop()); returns the exit code.
+  // Blocks until the server has drained after a signal, stop() or a failed engine step;
+  // returns the exit code (1 after an engine failure, else 0).
   int wait();
   // Drains as if SIGTERM had arrived.
   void stop();
