@@ -329,7 +329,7 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
                                (r.stage_us["down"] * 1e-6) * 1e-9;
       }
       if (opt.sweep_tiles)
-        for (int tile : {8, 16, 32, 64, 128, 256}) r.sweep.push_back({tile, time_fp4(ops::cuda::MoeConfig{tile, false, "sweep"})});
+        for (int tile : {8, 16, 32, 64, 128, 192, 256}) r.sweep.push_back({tile, time_fp4(ops::cuda::MoeConfig{tile, false, "sweep"})});
 
       if (opt.baseline) {
         const HostGrouping grouping = group_by_expert(hids, T, k, E, ms.shared_expert);

@@ -37,8 +37,8 @@ int bench_moe(int argc, char** argv) {
   app.add_option("--routing", routing, "comma-separated routings: uniform, skewed");
   app.add_option("--iters", iters, "timed runs per measurement (at least 20 for published numbers)")
       ->check(CLI::Range(1, 10000));
-  app.add_option("--tile", tile, "force the GEMM tile width in tokens (8, 16, 32, 64, 128, 256)")
-      ->check(CLI::IsMember({0, 8, 16, 32, 64, 128, 256}));
+  app.add_option("--tile", tile, "force the GEMM tile width in tokens (8, 16, 32, 64, 128, 192, 256)")
+      ->check(CLI::IsMember({0, 8, 16, 32, 64, 128, 192, 256}));
   app.add_flag("--sweep", sweep, "also time every tile width and print each");
   app.add_flag("--breakdown", breakdown, "also time each stage of the layer alone");
   app.add_flag("--no-baseline", no_baseline, "skip the BF16 cuBLAS baseline");

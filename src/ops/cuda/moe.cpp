@@ -98,7 +98,8 @@ MoeConfig heuristic_config(const CudaMoeExperts& ex, int64_t n_tokens, int top_k
   const double per_expert = double(rows) / double(std::min<int64_t>(ex.n_stored(), rows));
   MoeConfig c;
   c.tile_tokens = per_expert <= 6 ? 8 : per_expert <= 12 ? 16 : per_expert <= 48 ? 32 : 64;
-  if (ex.format == WeightFormat::Nvfp4 && per_expert > 96) c.tile_tokens = per_expert > 192 ? 256 : 128;
+  if (ex.format == WeightFormat::Nvfp4 && per_expert > 96)
+    c.tile_tokens = per_expert <= 128 ? 128 : per_expert <= 192 ? 192 : 256;
   c.why = str_cat("heuristic: ", per_expert, " tokens per active expert");
   return c;
 }
@@ -140,7 +141,7 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
                TensorView weights, TensorView out, const std::string& key) {
   const int64_t T = x.dim(0);
   const int top_k = int(ids.dim(1));
-  const std::vector<int> tiles = ex.format == WeightFormat::Nvfp4 ? std::vector<int>{8, 16, 32, 64, 128, 256}
+  const std::vector<int> tiles = ex.format == WeightFormat::Nvfp4 ? std::vector<int>{8, 16, 32, 64, 128, 192, 256}
                                                                    : std::vector<int>{8, 16, 32, 64};
   const int h = heuristic_config(ex, T, top_k).tile_tokens;
   const int hi = int(std::find(tiles.begin(), tiles.end(), h) - tiles.begin());

@@ -45,7 +45,7 @@ void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, Tenso
 // How the expert GEMMs run; chosen per (shape, token bucket) unless forced.
 struct MoeConfig {
   // Tokens per work item: 8, 16, 32 (mma.sync, weights streamed once per item), 64 (NVFP4:
-  // wgmma; BF16: mma.sync), 128 or 256 (NVFP4 only: wgmma).
+  // wgmma; BF16: mma.sync), 128, 192 or 256 (NVFP4 only: wgmma).
   int tile_tokens = 0;
   bool tuned = false;   // chosen by timing (else by the heuristic or forced)
   std::string why;      // what chose it, for --verbose

@@ -87,7 +87,7 @@ void launch_permute(cudaStream_t stream, const int* ids, int n_tokens, int top_k
 void launch_combine(cudaStream_t stream, const float* y, const int* pos, const float* weights,
                     int n_tokens, int top_k, bool shared, int hidden, uint16_t* out);
 
-// Tiles of 64, 128 and 256 tokens of NVFP4 experts run on the wgmma kernels (sm90_moe_wgmma.cu);
+// Tiles of 64 to 256 tokens of NVFP4 experts run on the wgmma kernels (sm90_moe_wgmma.cu);
 // the rest on the weight-streaming mma.sync kernels (sm90_moe_gemm.cu).
 inline bool moe_uses_wgmma(WeightFormat format, int tile_tokens) {
   return format == WeightFormat::Nvfp4 && tile_tokens >= 64;

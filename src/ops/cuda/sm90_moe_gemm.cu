@@ -348,7 +348,7 @@ void launch_gemm(cudaStream_t stream, const GemmParams& p, int tile_tokens, int 
     case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(stream, p, max_items, gate_up); break;
     case 64: launch_pair<kFp4, 8, 2, 1, 1>(stream, p, max_items, gate_up); break;
     default:
-      fail("moe: tile_tokens must be 8, 16, 32 or 64", kFp4 ? " (128 or 256 for NVFP4)" : "", ", not ",
+      fail("moe: tile_tokens must be 8, 16, 32 or 64", kFp4 ? " (128, 192 or 256 for NVFP4)" : "", ", not ",
            tile_tokens);
   }
 }

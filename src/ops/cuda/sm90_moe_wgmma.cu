@@ -2,7 +2,7 @@
 //
 // Prefill gives every expert tens to hundreds of tokens, so the weights are reused and the
 // tensor cores set the pace. A block is two warpgroups; each owns 64 weight rows (wgmma's M)
-// and the block's work item gives the tokens (wgmma's N: 64, 128 or 256). NVFP4 weights are
+// and the block's work item gives the tokens (wgmma's N: 64, 128, 192 or 256). NVFP4 weights are
 // decoded in registers straight into wgmma's A fragments (A may come from registers on
 // Hopper, B may not); the activations go to shared memory with cp.async, 128-byte swizzled
 // as wgmma's K-major B wants them, through a ring of kStages K-chunks.
@@ -29,7 +29,7 @@ static_assert(kMoeChunkK == 128, "a chunk is two 64-value swizzle rows");
 
 template <int kN>
 struct TileShape {
-  static constexpr int kStages = kN == 256 ? 3 : kN == 128 ? 5 : 8;  // K-chunks in flight
+  static constexpr int kStages = kN == 256 ? 3 : kN == 192 ? 4 : kN == 128 ? 5 : 8;  // K-chunks in flight
   static constexpr int kStageBytes = kN * kRowBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
   static constexpr int kAcc = kN / 2;  // f32 accumulators per thread (64 rows x kN / 128)
@@ -96,6 +96,23 @@ __device__ __forceinline__ void wgmma_step(float (&d)[64], const uint32_t (&a)[4
         TETRA_ACC8(40), TETRA_ACC8(48), TETRA_ACC8(56)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
+__device__ __forceinline__ void wgmma_step(float (&d)[96], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+      "{%96, %97, %98, %99}, %100, 1, 1, 1, 0;"
+      : TETRA_ACC8(0), TETRA_ACC8(8), TETRA_ACC8(16), TETRA_ACC8(24), TETRA_ACC8(32),
+        TETRA_ACC8(40), TETRA_ACC8(48), TETRA_ACC8(56), TETRA_ACC8(64), TETRA_ACC8(72),
+        TETRA_ACC8(80), TETRA_ACC8(88)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
 __device__ __forceinline__ void wgmma_step(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
@@ -193,12 +210,10 @@ __device__ __forceinline__ void load_b(uint32_t stage, const uint16_t* const* ro
   }
 }
 
-// One chunk of MMAs: 8 k-steps of 16, k-step j reads K-atom j / 4 at byte offset 32 (j % 4).
-// Every input register is defined before the fence: ptxas serializes wgmmas whose inputs
-// are written while a group is in flight, so the decode of the next chunk waits for this
-// one, and the block's other warpgroup keeps the tensor cores busy meanwhile.
+// Issues one chunk of MMAs: 8 k-steps of 16, k-step j reads K-atom j / 4 at byte offset
+// 32 (j % 4). Every input register is defined before the fence.
 template <int kN>
-__device__ __forceinline__ void mma_chunk(float (&acc)[TileShape<kN>::kAcc], const uint32_t (&frag)[8][4],
+__device__ __forceinline__ void mma_issue(float (&acc)[TileShape<kN>::kAcc], const uint32_t (&frag)[8][4],
                                           uint32_t stage) {
   uint64_t desc[8];
 #pragma unroll
@@ -207,11 +222,13 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[TileShape<kN>::kAcc], con
 #pragma unroll
   for (int j = 0; j < 8; ++j) wgmma_step(acc, frag[j], desc[j]);
   wgmma_commit();
-  wgmma_wait<0>();
 }
 
 // acc[64 rows x kN tokens] of this warpgroup over the whole K. Rows g and g+8 of each warp
-// are given by `arows`; their next chunk is loaded into registers while this one multiplies.
+// are given by `arows`. A chunk's fragments are decoded while the previous chunk's MMAs run
+// (two fragment sets, alternating), and its weights are loaded two chunks ahead. The wgmma
+// group is retired before the next barrier, so ptxas sees no register written under an
+// outstanding group that reads it (else it serializes the wgmmas, warning C7513).
 template <int kN>
 __device__ __forceinline__ void gemm_block(const ARows& arows, const uint16_t* const* brows,
                                            const uint16_t* any, int n_chunks, uint32_t smem,
@@ -228,19 +245,29 @@ __device__ __forceinline__ void gemm_block(const ARows& arows, const uint16_t* c
     cp_async_commit();
   }
   AChunk next;
+  uint32_t frag[2][8][4];
   load_a(next, arows, 0);
-  uint32_t frag[8][4];
-  for (int c = 0; c < n_chunks; ++c) {
-    cp_async_wait<S::kStages - 2>();
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async -> wgmma reads
-    __syncthreads();
-    const int pre = c + S::kStages - 1;
-    if (pre < n_chunks) load_b<kN>(smem + (pre % S::kStages) * S::kStageBytes, brows, any, pre);
-    cp_async_commit();
-    decode_a(next, shift, frag);
-    if (c + 1 < n_chunks) load_a(next, arows, c + 1);
-    mma_chunk<kN>(acc, frag, smem + (c % S::kStages) * S::kStageBytes);
-    fence_acc(acc);
+  decode_a(next, shift, frag[0]);
+  if (n_chunks > 1) load_a(next, arows, 1);
+  for (int c = 0; c < n_chunks; c += 2) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // unrolled so that frag[half] is a fixed register set
+      const int cc = c + half;
+      if (cc >= n_chunks) break;
+      cp_async_wait<S::kStages - 2>();
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async -> wgmma reads
+      __syncthreads();
+      const int pre = cc + S::kStages - 1;
+      if (pre < n_chunks) load_b<kN>(smem + (pre % S::kStages) * S::kStageBytes, brows, any, pre);
+      cp_async_commit();
+      mma_issue<kN>(acc, frag[half], smem + (cc % S::kStages) * S::kStageBytes);
+      if (cc + 1 < n_chunks) {
+        decode_a(next, shift, frag[half ^ 1]);
+        if (cc + 2 < n_chunks) load_a(next, arows, cc + 2);
+      }
+      wgmma_wait<0>();
+      fence_acc(acc);
+    }
   }
 }
 
@@ -380,10 +407,12 @@ void launch_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t*
     launch_tile<64>(stream, p, s.max_items, gate_up);
   else if (tile_tokens == 128)
     launch_tile<128>(stream, p, s.max_items, gate_up);
+  else if (tile_tokens == 192)
+    launch_tile<192>(stream, p, s.max_items, gate_up);
   else if (tile_tokens == 256)
     launch_tile<256>(stream, p, s.max_items, gate_up);
   else
-    fail("moe: the wgmma path takes tile_tokens 64, 128 or 256, not ", tile_tokens);
+    fail("moe: the wgmma path takes tile_tokens 64, 128, 192 or 256, not ", tile_tokens);
 }
 
 }  // namespace

@@ -180,10 +180,10 @@ void run_case(const MoeCase& c) {
   ctx.workspace = Workspace{ws.p, ws_bytes};
 
   // 0: the tuner's choice (times the candidates on first use, into a test-local cache).
-  for (int tile : {0, 8, 16, 32, 64, 128, 256}) {
+  for (int tile : {0, 8, 16, 32, 64, 128, 192, 256}) {
     SCOPED_TRACE(testing::Message() << c.name << " tile_tokens=" << tile);
     if (tile >= 128 && c.format == WeightFormat::Dense) {
-      // The 128- and 256-token tiles are the NVFP4 wgmma path; BF16 experts must be refused, not misread.
+      // Tiles of 128 tokens and more are the NVFP4 wgmma path; BF16 experts must be refused, not misread.
       EXPECT_THROW(moe_experts(ctx, dev_view(dx.p, DType::BF16, {c.T, c.H}),
                                dev_view(dids.p, DType::I32, {c.T, c.k}), dev_view(dw.p, DType::F32, {c.T, c.k}),
                                *prepared, dev_view(dout.p, DType::BF16, {c.T, c.H}), MoeConfig{tile}),
@@ -246,7 +246,7 @@ INSTANTIATE_TEST_SUITE_P(
                     MoeCase{"spread", 384, 256, 16, 3, 70, Ids::AllExperts, false, F4},
                     MoeCase{"shared", 256, 128, 16, 4, 13, Ids::Random, true, F4},
                     MoeCase{"wide", 2048, 768, 8, 2, 5, Ids::Random, false, F4},
-                    // Past one wgmma tile (128 or 256 tokens) per expert: full tiles plus partial ones.
+                    // Past one wgmma tile (128 to 256 tokens) per expert: full tiles plus partial ones.
                     MoeCase{"prefill", 256, 128, 8, 2, 300, Ids::Random, true, F4},
                     MoeCase{"one_expert_prefill", 384, 256, 8, 1, 300, Ids::OneExpert, false, F4},
                     MoeCase{"bf16_off_grid", 256, 128, 16, 4, 37, Ids::Random, false, BF},
