@@ -60,6 +60,14 @@ struct DeviceMem {
   T* as() const { return static_cast<T*>(p); }
 };
 
+// Host -> device on the benchmark's stream, complete on return. A plain cudaMemcpy runs on
+// the legacy default stream, which a non-blocking stream does not wait for: a kernel on it
+// could read the buffer before the copy lands (routing on stale logits).
+void upload(cudaStream_t stream, void* dst, const void* src, size_t bytes) {
+  TETRA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 struct Graph {
   cudaGraphExec_t exec = nullptr;
   ~Graph() {
@@ -246,10 +254,10 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
     // The correction bias favours some experts for every token: the skewed routing gets a
     // random one, the uniform routing none.
     const std::vector<float> b = routing == "skewed" ? skew_bias : std::vector<float>(size_t(E), 0.0f);
-    TETRA_CUDA_CHECK(cudaMemcpy(bias.p, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
+    upload(stream, bias.p, b.data(), b.size() * 4);
     for (int T : opt.tokens) {
       const std::vector<float> hl = draw_logits(T, E, routing == "skewed", 11 + T);
-      TETRA_CUDA_CHECK(cudaMemcpy(logits.p, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
+      upload(stream, logits.p, hl.data(), hl.size() * 4);
       const TensorView v_logits{logits.p, DType::F32, {T, E}, Device::Cuda};
       const TensorView v_ids{ids.p, DType::I32, {T, k}, Device::Cuda};
       const TensorView v_w{weights.p, DType::F32, {T, k}, Device::Cuda};
@@ -333,10 +341,8 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
 
       if (opt.baseline) {
         const HostGrouping grouping = group_by_expert(hids, T, k, E, ms.shared_expert);
-        TETRA_CUDA_CHECK(cudaMemcpy(b_rows->p, grouping.row_token.data(), grouping.row_token.size() * 4,
-                                    cudaMemcpyHostToDevice));
-        TETRA_CUDA_CHECK(cudaMemcpy(b_pos->p, grouping.pos.data(), grouping.pos.size() * 4,
-                                    cudaMemcpyHostToDevice));
+        upload(stream, b_rows->p, grouping.row_token.data(), grouping.row_token.size() * 4);
+        upload(stream, b_pos->p, grouping.pos.data(), grouping.pos.size() * 4);
         const Bf16LayerBuffers buf{b_rows->as<int>(), b_pos->as<int>(), b_xp->as<uint16_t>(),
                                    b_g13->as<uint16_t>(), b_h->as<uint16_t>(), b_y->as<float>()};
         std::vector<std::unique_ptr<Graph>> graphs;

@@ -63,11 +63,19 @@ int64_t experts_bytes_per_expert(const MoeExperts& experts) {
 
 namespace {
 
+// Copies on the context's stream and waits. A plain cudaMemcpy runs on the legacy default
+// stream, which a non-blocking ctx.stream does not wait for (a kernel could read weights
+// before they land), and the host buffers here die right after the copy.
+void copy_now(cudaStream_t stream, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  TETRA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 // A host copy of a view's bytes (device views are copied down first).
-std::vector<uint8_t> host_bytes(TensorView v) {
+std::vector<uint8_t> host_bytes(cudaStream_t stream, TensorView v) {
   std::vector<uint8_t> out(size_t(v.nbytes()));
   if (v.device == Device::Cuda)
-    TETRA_CUDA_CHECK(cudaMemcpy(out.data(), v.data, out.size(), cudaMemcpyDeviceToHost));
+    copy_now(stream, out.data(), v.data, out.size(), cudaMemcpyDeviceToHost);
   else
     std::memcpy(out.data(), v.data, out.size());
   return out;
@@ -92,8 +100,8 @@ void check_linear(const LinearWeight& w, WeightFormat format, int64_t n_out, int
 }
 
 // Appends a matrix's weight bytes in the device layout (NVFP4 words permuted; dense as BF16).
-void append_weight(std::vector<uint8_t>& dst, const LinearWeight& w) {
-  std::vector<uint8_t> src = host_bytes(w.weight);
+void append_weight(cudaStream_t stream, std::vector<uint8_t>& dst, const LinearWeight& w) {
+  std::vector<uint8_t> src = host_bytes(stream, w.weight);
   if (w.format == WeightFormat::Nvfp4) {
     static_assert(sizeof(uint32_t) == 4, "NVFP4 words are 8 values");
     const size_t at = dst.size();
@@ -118,8 +126,8 @@ void append_weight(std::vector<uint8_t>& dst, const LinearWeight& w) {
   }
 }
 
-void append_scale(std::vector<uint8_t>& dst, const LinearWeight& w) {
-  std::vector<uint8_t> src = host_bytes(w.block_scale);
+void append_scale(cudaStream_t stream, std::vector<uint8_t>& dst, const LinearWeight& w) {
+  std::vector<uint8_t> src = host_bytes(stream, w.block_scale);
   dst.insert(dst.end(), src.begin(), src.end());
 }
 
@@ -144,30 +152,27 @@ std::unique_ptr<MoeExperts> prepare_experts(const Context& ctx, const std::vecto
     check_linear(m.up, format, shape.intermediate, shape.hidden, "up");
     check_linear(m.down, format, shape.hidden, shape.intermediate, "down");
     std::vector<uint8_t> w13, w2, s13, s2;
-    append_weight(w13, m.gate);
-    append_weight(w13, m.up);
-    append_weight(w2, m.down);
+    append_weight(stream, w13, m.gate);
+    append_weight(stream, w13, m.up);
+    append_weight(stream, w2, m.down);
     auto* d13 = static_cast<uint8_t*>(ex->w13) + e * ex->w13_expert_bytes();
     auto* d2 = static_cast<uint8_t*>(ex->w2) + e * ex->w2_expert_bytes();
-    // Synchronous copies: the host buffers die at the end of this iteration.
-    TETRA_CUDA_CHECK(cudaMemcpy(d13, w13.data(), w13.size(), cudaMemcpyHostToDevice));
-    TETRA_CUDA_CHECK(cudaMemcpy(d2, w2.data(), w2.size(), cudaMemcpyHostToDevice));
+    copy_now(stream, d13, w13.data(), w13.size(), cudaMemcpyHostToDevice);
+    copy_now(stream, d2, w2.data(), w2.size(), cudaMemcpyHostToDevice);
     if (format == WeightFormat::Nvfp4) {
-      append_scale(s13, m.gate);
-      append_scale(s13, m.up);
-      append_scale(s2, m.down);
-      TETRA_CUDA_CHECK(cudaMemcpy(ex->w13_scale + e * ex->w13_scale_expert_bytes(), s13.data(),
-                                  s13.size(), cudaMemcpyHostToDevice));
-      TETRA_CUDA_CHECK(cudaMemcpy(ex->w2_scale + e * ex->w2_scale_expert_bytes(), s2.data(),
-                                  s2.size(), cudaMemcpyHostToDevice));
+      append_scale(stream, s13, m.gate);
+      append_scale(stream, s13, m.up);
+      append_scale(stream, s2, m.down);
+      copy_now(stream, ex->w13_scale + e * ex->w13_scale_expert_bytes(), s13.data(), s13.size(),
+               cudaMemcpyHostToDevice);
+      copy_now(stream, ex->w2_scale + e * ex->w2_scale_expert_bytes(), s2.data(), s2.size(),
+               cudaMemcpyHostToDevice);
       gscale.insert(gscale.end(), {m.gate.global_scale, m.up.global_scale, m.down.global_scale});
     } else {
       gscale.insert(gscale.end(), {1.0f, 1.0f, 1.0f});
     }
   }
-  TETRA_CUDA_CHECK(cudaMemcpyAsync(ex->global_scale, gscale.data(), gscale.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
-  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  copy_now(stream, ex->global_scale, gscale.data(), gscale.size() * sizeof(float), cudaMemcpyHostToDevice);
   return ex;
 }
 
