@@ -1,4 +1,4 @@
-"""RELIABILITY.md cases 1-14: hostile and malformed requests get a 4xx with OpenAI's error
+"""RELIABILITY.md cases 1-16: hostile and malformed requests get a 4xx with OpenAI's error
 object, the server stays up, /health stays 200 and no KV block leaks."""
 import json
 import os
@@ -278,6 +278,42 @@ class ValidationTest(unittest.TestCase):
         st, b, _ = self.s.post("/v1/chat/completions", {"messages": messages, "max_tokens": 1})
         self.assertEqual(st, 200, b)
         self.assertEqual(b["usage"]["prompt_tokens"], want)
+
+    # 15
+    def test_15_malformed_tools_and_response_format(self):
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        # Nesting deep enough to overflow a recursive parser or destructor; the body stays
+        # under the 8 MB limit.
+        for depth in (10_000, 1_000_000):
+            nested = "[" * depth + "]" * depth
+            raw = json.dumps(chat)[:-1] + ', "tools": ' + nested + "}"
+            st, b, _ = self.s.post("/v1/chat/completions", raw.encode())
+            assert_error(self, st, b, 400, "tools")
+        for rf in [{"type": "json_schema", "json_schema": {"schema": {"$ref": "#"}}},
+                   {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "(("}}},
+                   {"type": "json_object"}, "json", {"kind": "text"}]:
+            st, b, _ = self.s.post("/v1/chat/completions", {**chat, "response_format": rf})
+            assert_error(self, st, b, 400, "response_format")
+        st, b, _ = self.s.post("/v1/chat/completions", {**chat, "tools": [{"type": "function",
+                                                                          "function": {"name": "f"}}]})
+        assert_error(self, st, b, 400, "tools")
+        st, b, _ = self.s.post("/v1/chat/completions", {**chat, "response_format": {"type": "text"}, "tools": []})
+        self.assertEqual(st, 200, b)
+
+    # 16
+    def test_16_request_chat_template_is_not_used(self):
+        # Templates come from the model folder only: a client's template (here one that would
+        # loop forever and read a file) is an ignored unknown field, and the render is the model's.
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
+        hostile = "{% for i in range(10**9) %}{% include '/etc/passwd' %}{% endfor %}"
+        st, plain, _ = self.s.post("/v1/chat/completions", chat)
+        self.assertEqual(st, 200, plain)
+        for field in ("chat_template", "chat_template_kwargs"):
+            value = hostile if field == "chat_template" else {"template": hostile}
+            st, b, _ = self.s.post("/v1/chat/completions", {**chat, field: value})
+            self.assertEqual(st, 200, b)
+            self.assertEqual(b["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"])
+            self.assertEqual(b["choices"][0]["message"]["content"], plain["choices"][0]["message"]["content"])
 
     def test_routes_and_methods(self):
         st, _, data = self.s.request("GET", "/nope")
