@@ -270,6 +270,7 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
     // The batch's requests cannot continue; the others keep their state and run next step.
     log_warn("engine step failed: ", e.what());
     ++failed_steps;
+    publish_stats();  // health reports the failure before any client hears of it
     for (const auto& c : chunks) finish(c.request, FinishReason::Error, e.what());
     return;
   }

@@ -4,16 +4,7 @@
 
 namespace tetra::runtime {
 
-TensorView StepBuilder::upload(const std::vector<int32_t>& host, Shape shape) {
-  auto buf = backend_.alloc(DType::I32, shape);
-  TensorView v = buf->view();
-  if (!host.empty()) backend_.copy_from_host(v, host.data());
-  buffers_.push_back(std::move(buf));
-  return v;
-}
-
 model::StepInputs StepBuilder::build(const std::vector<SeqChunk>& chunks) {
-  buffers_.clear();
   std::vector<int32_t> tokens, positions, slots, seq_starts{0}, rows, tables;
   int64_t max_blocks = 1;
   for (const auto& c : chunks) max_blocks = std::max<int64_t>(max_blocks, int64_t(c.blocks.size()));
@@ -34,17 +25,34 @@ model::StepInputs StepBuilder::build(const std::vector<SeqChunk>& chunks) {
       tables.push_back(b < int64_t(c.blocks.size()) ? c.blocks[size_t(b)] : 0);
   }
   const int64_t n_tokens = int64_t(tokens.size()), n_seqs = int64_t(chunks.size());
+  // Staged in this order; next() below hands out the views in the same order.
+  const std::vector<int32_t>* arrays[] = {&tokens, &positions, &slots, &seq_starts, &tables, &rows};
+  staging_.clear();
+  for (const auto* a : arrays) staging_.insert(staging_.end(), a->begin(), a->end());
+  const int64_t total = int64_t(staging_.size());
+  if (!buffer_ || total > capacity_) {
+    capacity_ = std::max<int64_t>(total, 2 * capacity_);
+    buffer_ = backend_.alloc(DType::I32, {capacity_});
+  }
+  const TensorView all = buffer_->view();
+  backend_.copy_from_host(TensorView{all.data, DType::I32, {total}, all.device}, staging_.data());
+  int64_t offset = 0;
+  auto next = [&](const std::vector<int32_t>& a, Shape shape) {
+    TensorView v{all.as<int32_t>() + offset, DType::I32, shape, all.device};
+    offset += int64_t(a.size());
+    return v;
+  };
   model::StepInputs in;
-  in.token_ids = upload(tokens, {n_tokens});
+  in.token_ids = next(tokens, {n_tokens});
   in.attn.n_tokens = int(n_tokens);
   in.attn.n_seqs = int(n_seqs);
   in.attn.block_size = block_size_;
   in.attn.max_blocks_per_seq = int(max_blocks);
-  in.attn.positions = upload(positions, {n_tokens});
-  in.attn.slot_mapping = upload(slots, {n_tokens});
-  in.attn.seq_starts = upload(seq_starts, {n_seqs + 1});
-  in.attn.block_tables = upload(tables, {n_seqs, max_blocks});
-  in.logit_rows = upload(rows, {int64_t(rows.size())});
+  in.attn.positions = next(positions, {n_tokens});
+  in.attn.slot_mapping = next(slots, {n_tokens});
+  in.attn.seq_starts = next(seq_starts, {n_seqs + 1});
+  in.attn.block_tables = next(tables, {n_seqs, max_blocks});
+  in.logit_rows = next(rows, {int64_t(rows.size())});
   return in;
 }
 

@@ -23,15 +23,17 @@ class StepBuilder {
  public:
   StepBuilder(ops::Backend& backend, int block_size) : backend_(backend), block_size_(block_size) {}
 
-  // The returned inputs point into buffers this builder owns until the next build().
+  // The returned inputs point into a buffer this builder owns until the next build().
   model::StepInputs build(const std::vector<SeqChunk>& chunks);
 
  private:
-  TensorView upload(const std::vector<int32_t>& host, Shape shape);
-
   ops::Backend& backend_;
   int block_size_;
-  std::vector<std::unique_ptr<ops::Buffer>> buffers_;
+  // All of a step's index arrays live in one device buffer, kept and grown across steps: a
+  // step uploads its metadata in one copy and allocates nothing once the buffer is big enough.
+  std::unique_ptr<ops::Buffer> buffer_;
+  int64_t capacity_ = 0;            // int32 elements in buffer_
+  std::vector<int32_t> staging_;    // the host image of the buffer's used part
 };
 
 }  // namespace tetra::runtime
