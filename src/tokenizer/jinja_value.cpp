@@ -248,7 +248,9 @@ std::string Value::to_json(int indent, bool ensure_ascii, bool sort_keys, std::s
   std::string out;
   std::function<void(const Value&, int)> emit = [&](const Value& v, int level) {
     auto newline = [&](int lvl) {
-      if (indent >= 0) out += "\n" + std::string(static_cast<size_t>(indent * lvl), ' ');
+      if (indent < 0) return;
+      out += '\n';
+      out.append(static_cast<size_t>(indent * lvl), ' ');
     };
     switch (v.kind_) {
       case Kind::None: out += "null"; break;

@@ -40,7 +40,10 @@ std::vector<Case> load_cases(const std::string& model) {
 
 std::string show(const std::vector<TokenId>& ids) {
   std::string s;
-  for (size_t i = 0; i < ids.size() && i < 40; ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size() && i < 40; ++i) {
+    if (i) s += ',';
+    s += std::to_string(ids[i]);
+  }
   return s + (ids.size() > 40 ? ",..." : "");
 }
 
