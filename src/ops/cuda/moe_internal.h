@@ -87,6 +87,27 @@ void launch_permute(cudaStream_t stream, const int* ids, int n_tokens, int top_k
 void launch_combine(cudaStream_t stream, const float* y, const int* pos, const float* weights,
                     int n_tokens, int top_k, bool shared, int hidden, uint16_t* out);
 
+// What both GEMM kernel families read: the work items, one weight matrix of every expert,
+// the activations and where the results go.
+struct MoeGemmParams {
+  const int* n_items;
+  const MoeWorkItem* items;
+  const uint8_t* w;        // w13 or w2, all experts
+  const uint8_t* w_scale;  // Nvfp4 only
+  const float* global_scale;
+  int64_t w_expert_bytes, w_row_bytes, s_expert_bytes, s_row_bytes;
+  const uint16_t* b;   // x [T, H] (gate/up) or h [T*k', I] (down)
+  const int* b_rows;   // gate/up: token of each permuted row; down: null (rows are permuted)
+  int k;               // H (gate/up) or I (down)
+  int n;               // I (gate/up) or H (down)
+  uint16_t* h;         // gate/up output
+  float* y;            // down output
+};
+
+// The parameters of the gate/up (or down) GEMM for these experts and scratch; b and b_rows
+// are left for the caller.
+MoeGemmParams moe_gemm_params(const CudaMoeExperts& ex, const MoeScratch& s, bool gate_up);
+
 // Tiles of 64 to 256 tokens of NVFP4 experts run on the wgmma kernels (sm90_moe_wgmma.cu);
 // the rest on the weight-streaming mma.sync kernels (sm90_moe_gemm.cu).
 inline bool moe_uses_wgmma(WeightFormat format, int tile_tokens) {

@@ -177,23 +177,8 @@ __device__ __forceinline__ void reduce_split_k(float (&acc)[kMT][kNT][4], int kp
   }
 }
 
-struct GemmParams {
-  const int* n_items;
-  const MoeWorkItem* items;
-  const uint8_t* w;        // w13 or w2, all experts
-  const uint8_t* w_scale;  // Nvfp4 only
-  const float* global_scale;
-  int64_t w_expert_bytes, w_row_bytes, s_expert_bytes, s_row_bytes;
-  const uint16_t* b;   // x [T, H] (gate/up) or h [T*k', I] (down)
-  const int* b_rows;   // gate/up: token of each permuted row; down: null (rows are permuted)
-  int k;               // H (gate/up) or I (down)
-  int n;               // I (gate/up) or H (down)
-  uint16_t* h;         // gate/up output
-  float* y;            // down output
-};
-
 template <bool kFp4, int kMT, int kNT>
-__device__ __forceinline__ void warp_operands(const GemmParams& p, const MoeWorkItem& item,
+__device__ __forceinline__ void warp_operands(const MoeGemmParams& p, const MoeWorkItem& item,
                                               const int (&rows)[kMT], WarpOperands<kMT, kNT>& op) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const uint8_t* w = p.w + item.expert * p.w_expert_bytes;
@@ -241,7 +226,7 @@ constexpr int min_blocks(int nt) { return nt == 1 ? 4 : nt == 2 ? 3 : nt == 4 ? 
 // h[row, n] = silu(x W_gate^T) * (x W_up^T) for the tokens of one work item; blockIdx.y
 // picks 16 * kWarps / kSplit of the I columns, gate rows and the matching up rows.
 template <bool kFp4, int kNT, int kS, int kSplit>
-__global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(GemmParams p) {
+__global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(MoeGemmParams p) {
   if (int(blockIdx.x) >= *p.n_items) return;  // the whole block leaves together
   const MoeWorkItem item = p.items[blockIdx.x];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -274,7 +259,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(G
 
 // y[row, n] = h W_down^T for the tokens of one work item; each row tile is 32 rows of W_down.
 template <bool kFp4, int kNT, int kS, int kSplit>
-__global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) down_kernel(GemmParams p) {
+__global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) down_kernel(MoeGemmParams p) {
   if (int(blockIdx.x) >= *p.n_items) return;
   const MoeWorkItem item = p.items[blockIdx.x];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -302,11 +287,43 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) down_kernel(Gemm
       }
 }
 
-GemmParams base_params(const CudaMoeExperts& ex, const MoeScratch& s, bool gate_up) {
+// Few tokens a tile: split K inside the block (the weight stream is the cost): 4 ways for
+// gate/up (K = H, 48 chunks on GLM-5), 2 ways for down (K = I, 16 chunks: 4 ways would leave
+// a warp 4 chunks, too few to fill its pipeline). Many tokens: one row tile per warp, so the
+// 4 warps of a block share their activations through L1.
+template <bool kFp4, int kNT, int kS, int kSplitGateUp, int kSplitDown>
+void launch_pair(cudaStream_t stream, const MoeGemmParams& p, int max_items, bool gate_up) {
+  const dim3 block(kWarps * 32);
+  if (gate_up) {
+    constexpr int kRows = 16 * kWarps / kSplitGateUp;  // columns of h a block owns
+    gate_up_kernel<kFp4, kNT, kS, kSplitGateUp><<<dim3(max_items, p.n / kRows), block, 0, stream>>>(p);
+  } else {
+    constexpr int kRows = 32 * kWarps / kSplitDown;  // rows of W_down a block owns
+    down_kernel<kFp4, kNT, kS, kSplitDown><<<dim3(max_items, p.n / kRows), block, 0, stream>>>(p);
+  }
+  TETRA_CUDA_CHECK_LAUNCH(gate_up ? "moe gate_up" : "moe down");
+}
+
+template <bool kFp4>
+void launch_gemm(cudaStream_t stream, const MoeGemmParams& p, int tile_tokens, int max_items, bool gate_up) {
+  switch (tile_tokens) {
+    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, 4, 2>(stream, p, max_items, gate_up); break;
+    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4, 2>(stream, p, max_items, gate_up); break;
+    case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(stream, p, max_items, gate_up); break;
+    case 64: launch_pair<kFp4, 8, 2, 1, 1>(stream, p, max_items, gate_up); break;
+    default:
+      fail("moe: tile_tokens must be 8, 16, 32 or 64", kFp4 ? " (128, 192 or 256 for NVFP4)" : "", ", not ",
+           tile_tokens);
+  }
+}
+
+}  // namespace
+
+MoeGemmParams moe_gemm_params(const CudaMoeExperts& ex, const MoeScratch& s, bool gate_up) {
   const bool fp4 = ex.format == WeightFormat::Nvfp4;
   const int64_t H = ex.shape.hidden, I = ex.shape.intermediate;
   const int64_t k = gate_up ? H : I;
-  GemmParams p{};
+  MoeGemmParams p{};
   p.n_items = s.n_items;
   p.items = s.items;
   p.w = static_cast<const uint8_t*>(gate_up ? ex.w13 : ex.w2);
@@ -323,42 +340,10 @@ GemmParams base_params(const CudaMoeExperts& ex, const MoeScratch& s, bool gate_
   return p;
 }
 
-// Few tokens a tile: split K inside the block (the weight stream is the cost): 4 ways for
-// gate/up (K = H, 48 chunks on GLM-5), 2 ways for down (K = I, 16 chunks: 4 ways would leave
-// a warp 4 chunks, too few to fill its pipeline). Many tokens: one row tile per warp, so the
-// 4 warps of a block share their activations through L1.
-template <bool kFp4, int kNT, int kS, int kSplitGateUp, int kSplitDown>
-void launch_pair(cudaStream_t stream, const GemmParams& p, int max_items, bool gate_up) {
-  const dim3 block(kWarps * 32);
-  if (gate_up) {
-    constexpr int kRows = 16 * kWarps / kSplitGateUp;  // columns of h a block owns
-    gate_up_kernel<kFp4, kNT, kS, kSplitGateUp><<<dim3(max_items, p.n / kRows), block, 0, stream>>>(p);
-  } else {
-    constexpr int kRows = 32 * kWarps / kSplitDown;  // rows of W_down a block owns
-    down_kernel<kFp4, kNT, kS, kSplitDown><<<dim3(max_items, p.n / kRows), block, 0, stream>>>(p);
-  }
-  TETRA_CUDA_CHECK_LAUNCH(gate_up ? "moe gate_up" : "moe down");
-}
-
-template <bool kFp4>
-void launch_gemm(cudaStream_t stream, const GemmParams& p, int tile_tokens, int max_items, bool gate_up) {
-  switch (tile_tokens) {
-    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, 4, 2>(stream, p, max_items, gate_up); break;
-    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4, 2>(stream, p, max_items, gate_up); break;
-    case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(stream, p, max_items, gate_up); break;
-    case 64: launch_pair<kFp4, 8, 2, 1, 1>(stream, p, max_items, gate_up); break;
-    default:
-      fail("moe: tile_tokens must be 8, 16, 32 or 64", kFp4 ? " (128, 192 or 256 for NVFP4)" : "", ", not ",
-           tile_tokens);
-  }
-}
-
-}  // namespace
-
 void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
                     const MoeScratch& s, int tile_tokens) {
   if (moe_uses_wgmma(ex.format, tile_tokens)) return launch_gate_up_wgmma(stream, ex, x, s, tile_tokens);
-  GemmParams p = base_params(ex, s, true);
+  MoeGemmParams p = moe_gemm_params(ex, s, true);
   p.b = x;
   p.b_rows = s.row_token;
   if (ex.format == WeightFormat::Nvfp4)
@@ -370,7 +355,7 @@ void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_
 void launch_down(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
                  int tile_tokens) {
   if (moe_uses_wgmma(ex.format, tile_tokens)) return launch_down_wgmma(stream, ex, s, tile_tokens);
-  GemmParams p = base_params(ex, s, false);
+  MoeGemmParams p = moe_gemm_params(ex, s, false);
   p.b = s.h;
   p.b_rows = nullptr;
   if (ex.format == WeightFormat::Nvfp4)

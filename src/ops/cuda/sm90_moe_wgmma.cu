@@ -177,21 +177,6 @@ __device__ __forceinline__ void decode_a(const AChunk& a, int shift, uint32_t (&
     }
 }
 
-struct WgmmaParams {
-  const int* n_items;
-  const MoeWorkItem* items;
-  const uint8_t* w;  // w13 or w2, all experts (NVFP4)
-  const uint8_t* w_scale;
-  const float* global_scale;
-  int64_t w_expert_bytes, w_row_bytes, s_expert_bytes, s_row_bytes;
-  const uint16_t* b;   // x [T, H] (gate/up) or h [rows, I] (down)
-  const int* b_rows;   // gate/up: token of each permuted row; down: null
-  int k;               // H (gate/up) or I (down)
-  int n;               // I (gate/up) or H (down)
-  uint16_t* h;
-  float* y;
-};
-
 // Copies the activations of one chunk for the item's kN token slots into a stage: row r of
 // the tile is token slot r, its 128 values are two 128-byte swizzle rows (K-atoms) kN * 128
 // bytes apart, and 16-byte unit c of a swizzle row sits at unit c ^ (r % 8).
@@ -273,7 +258,7 @@ __device__ __forceinline__ void gemm_block(const ARows& arows, const uint16_t* c
 
 // The shared prologue: the item, this thread's warpgroup row base and the token row table.
 template <int kN>
-__device__ __forceinline__ bool setup_block(const WgmmaParams& p, MoeWorkItem& item,
+__device__ __forceinline__ bool setup_block(const MoeGemmParams& p, MoeWorkItem& item,
                                             const uint16_t** brows, uint32_t& smem) {
   if (int(blockIdx.x) >= *p.n_items) return false;  // the whole block leaves together
   item = p.items[blockIdx.x];
@@ -292,7 +277,7 @@ __device__ __forceinline__ bool setup_block(const WgmmaParams& p, MoeWorkItem& i
   return true;
 }
 
-__device__ __forceinline__ ARows a_rows(const WgmmaParams& p, int expert, int row_g, int row_g8) {
+__device__ __forceinline__ ARows a_rows(const MoeGemmParams& p, int expert, int row_g, int row_g8) {
   const uint8_t* w = p.w + expert * p.w_expert_bytes;
   const uint8_t* s = p.w_scale + expert * p.s_expert_bytes;
   return ARows{{w + row_g * p.w_row_bytes, w + row_g8 * p.w_row_bytes},
@@ -303,7 +288,7 @@ __device__ __forceinline__ ARows a_rows(const WgmmaParams& p, int expert, int ro
 // n0 + 8w .. n0 + 8w + 7: its fragment row g is gate row n0 + 8w + g and row g + 8 the up
 // row of the same column, so SiLU x up meets in one thread.
 template <int kN>
-__global__ void __launch_bounds__(kThreads, 1) wgmma_gate_up_kernel(WgmmaParams p) {
+__global__ void __launch_bounds__(kThreads, 1) wgmma_gate_up_kernel(MoeGemmParams p) {
   __shared__ const uint16_t* brows[kN];
   MoeWorkItem item;
   uint32_t smem;
@@ -331,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_gate_up_kernel(WgmmaParams 
 
 // y = h W_down^T. Warp w of warpgroup wg owns output columns n0 + 16w .. n0 + 16w + 15.
 template <int kN>
-__global__ void __launch_bounds__(kThreads, 1) wgmma_down_kernel(WgmmaParams p) {
+__global__ void __launch_bounds__(kThreads, 1) wgmma_down_kernel(MoeGemmParams p) {
   __shared__ const uint16_t* brows[kN];
   MoeWorkItem item;
   uint32_t smem;
@@ -356,28 +341,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_down_kernel(WgmmaParams p) 
     }
 }
 
-WgmmaParams wgmma_params(const CudaMoeExperts& ex, const MoeScratch& s, bool gate_up) {
-  const int64_t H = ex.shape.hidden, I = ex.shape.intermediate;
-  const int64_t k = gate_up ? H : I;
-  WgmmaParams p{};
-  p.n_items = s.n_items;
-  p.items = s.items;
-  p.w = static_cast<const uint8_t*>(gate_up ? ex.w13 : ex.w2);
-  p.w_scale = gate_up ? ex.w13_scale : ex.w2_scale;
-  p.global_scale = ex.global_scale;
-  p.w_expert_bytes = gate_up ? ex.w13_expert_bytes() : ex.w2_expert_bytes();
-  p.w_row_bytes = k / 2;
-  p.s_expert_bytes = gate_up ? ex.w13_scale_expert_bytes() : ex.w2_scale_expert_bytes();
-  p.s_row_bytes = k / 16;
-  p.k = int(k);
-  p.n = int(gate_up ? I : H);
-  p.h = s.h;
-  p.y = s.y;
-  return p;
-}
-
 template <typename Kernel>
-void launch(Kernel kernel, int smem_bytes, dim3 grid, cudaStream_t stream, const WgmmaParams& p,
+void launch(Kernel kernel, int smem_bytes, dim3 grid, cudaStream_t stream, const MoeGemmParams& p,
             const char* what) {
   // Dynamic shared memory above 48 KB must be allowed per kernel; setting it again is cheap.
   TETRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
@@ -386,7 +351,7 @@ void launch(Kernel kernel, int smem_bytes, dim3 grid, cudaStream_t stream, const
 }
 
 template <int kN>
-void launch_tile(cudaStream_t stream, const WgmmaParams& p, int max_items, bool gate_up) {
+void launch_tile(cudaStream_t stream, const MoeGemmParams& p, int max_items, bool gate_up) {
   constexpr int kSmem = TileShape<kN>::kSmemBytes;
   if (gate_up)
     launch(wgmma_gate_up_kernel<kN>, kSmem, dim3(max_items, p.n / (kWgs * 32)), stream, p,
@@ -400,7 +365,7 @@ void launch_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t*
                   const MoeScratch& s, int tile_tokens, bool gate_up) {
   TETRA_CHECK(ex.format == WeightFormat::Nvfp4, "moe: the wgmma path (tile_tokens ", tile_tokens,
               ") is for NVFP4 weights");
-  WgmmaParams p = wgmma_params(ex, s, gate_up);
+  MoeGemmParams p = moe_gemm_params(ex, s, gate_up);
   p.b = b;
   p.b_rows = b_rows;
   if (tile_tokens == 64)
