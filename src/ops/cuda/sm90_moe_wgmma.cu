@@ -284,60 +284,42 @@ __device__ __forceinline__ ARows a_rows(const MoeGemmParams& p, int expert, int 
                {s + row_g * p.s_row_bytes, s + row_g8 * p.s_row_bytes}};
 }
 
-// h = silu(x W_gate^T) * (x W_up^T). Warp w of warpgroup wg owns h columns
-// n0 + 8w .. n0 + 8w + 7: its fragment row g is gate row n0 + 8w + g and row g + 8 the up
-// row of the same column, so SiLU x up meets in one thread.
-template <int kN>
-__global__ void __launch_bounds__(kThreads, 1) wgmma_gate_up_kernel(MoeGemmParams p) {
+// One work item's GEMM for 64 rows per warpgroup. Gate/up (kGateUp): h = silu(x W_gate^T) *
+// (x W_up^T); warp w of warpgroup wg owns h columns n0 + 8w .. n0 + 8w + 7, its fragment row
+// g being gate row n0 + 8w + g and row g + 8 the up row of the same column, so SiLU x up meets
+// in one thread. Down: y = h W_down^T; warp w owns output columns n0 + 16w .. n0 + 16w + 15.
+template <int kN, bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_kernel(MoeGemmParams p) {
   __shared__ const uint16_t* brows[kN];
   MoeWorkItem item;
   uint32_t smem;
   if (!setup_block<kN>(p, item, brows, smem)) return;
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int col = (blockIdx.y * kWgs + wg) * 32 + 8 * warp + g;
-  const ARows arows = a_rows(p, item.expert, col, p.n + col);
+  const int col = kGateUp ? (blockIdx.y * kWgs + wg) * 32 + 8 * warp + g
+                          : (blockIdx.y * kWgs + wg) * 64 + 16 * warp + g;
+  const ARows arows = a_rows(p, item.expert, col, kGateUp ? p.n + col : col + 8);
   float acc[TileShape<kN>::kAcc];
   gemm_block<kN>(arows, brows, p.b, p.k / kMoeChunkK, smem, acc);
 
-  const float gs_gate = p.global_scale[item.expert * 3 + 0] * 256.0f;  // 2^-8 of the decode
-  const float gs_up = p.global_scale[item.expert * 3 + 1] * 256.0f;
+  // 256: the 2^-8 the decode leaves in the weights.
+  const float* gs = p.global_scale + item.expert * 3;
+  const float gs_a = gs[kGateUp ? 0 : 2] * 256.0f, gs_b = gs[kGateUp ? 1 : 2] * 256.0f;
 #pragma unroll
   for (int i = 0; i < kN / 8; ++i)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int slot = 8 * i + 2 * t + e;
       if (slot >= item.n_rows) continue;
-      const float gate = acc[4 * i + e] * gs_gate, up = acc[4 * i + 2 + e] * gs_up;
-      const __nv_bfloat16 hb = __float2bfloat16_rn(gate / (1.0f + __expf(-gate)) * up);
-      p.h[int64_t(item.row_begin + slot) * p.n + col] = *reinterpret_cast<const uint16_t*>(&hb);
-    }
-}
-
-// y = h W_down^T. Warp w of warpgroup wg owns output columns n0 + 16w .. n0 + 16w + 15.
-template <int kN>
-__global__ void __launch_bounds__(kThreads, 1) wgmma_down_kernel(MoeGemmParams p) {
-  __shared__ const uint16_t* brows[kN];
-  MoeWorkItem item;
-  uint32_t smem;
-  if (!setup_block<kN>(p, item, brows, smem)) return;
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int col = (blockIdx.y * kWgs + wg) * 64 + 16 * warp + g;
-  const ARows arows = a_rows(p, item.expert, col, col + 8);
-  float acc[TileShape<kN>::kAcc];
-  gemm_block<kN>(arows, brows, p.b, p.k / kMoeChunkK, smem, acc);
-
-  const float gs = p.global_scale[item.expert * 3 + 2] * 256.0f;
-#pragma unroll
-  for (int i = 0; i < kN / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int slot = 8 * i + 2 * t + e;
-      if (slot >= item.n_rows) continue;
-      float* y = p.y + int64_t(item.row_begin + slot) * p.n + col;
-      y[0] = acc[4 * i + e] * gs;
-      y[8] = acc[4 * i + 2 + e] * gs;
+      const float a = acc[4 * i + e] * gs_a, b = acc[4 * i + 2 + e] * gs_b;  // rows g, g + 8
+      const int64_t row = item.row_begin + slot;
+      if constexpr (kGateUp) {
+        const __nv_bfloat16 hb = __float2bfloat16_rn(a / (1.0f + __expf(-a)) * b);
+        p.h[row * p.n + col] = *reinterpret_cast<const uint16_t*>(&hb);
+      } else {
+        p.y[row * p.n + col] = a;
+        p.y[row * p.n + col + 8] = b;
+      }
     }
 }
 
@@ -354,10 +336,10 @@ template <int kN>
 void launch_tile(cudaStream_t stream, const MoeGemmParams& p, int max_items, bool gate_up) {
   constexpr int kSmem = TileShape<kN>::kSmemBytes;
   if (gate_up)
-    launch(wgmma_gate_up_kernel<kN>, kSmem, dim3(max_items, p.n / (kWgs * 32)), stream, p,
+    launch(wgmma_kernel<kN, true>, kSmem, dim3(max_items, p.n / (kWgs * 32)), stream, p,
            "moe gate_up (wgmma)");
   else
-    launch(wgmma_down_kernel<kN>, kSmem, dim3(max_items, p.n / (kWgs * 64)), stream, p,
+    launch(wgmma_kernel<kN, false>, kSmem, dim3(max_items, p.n / (kWgs * 64)), stream, p,
            "moe down (wgmma)");
 }
 
