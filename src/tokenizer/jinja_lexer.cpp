@@ -43,7 +43,7 @@ std::string normalize_newlines(std::string_view src) {
 size_t skip_py_space(std::string_view s, size_t i) {
   while (i < s.size()) {
     size_t j = i;
-    if (utf8_valid_len(s, i) == 0 || !py_isspace(utf8_next(s, j))) break;
+    if (!py_isspace(utf8_next(s, j))) break;  // ill-formed bytes read as U+FFFD: not space
     i = j;
   }
   return i;
@@ -55,7 +55,7 @@ std::string rstrip_py_space(std::string_view s) {
     size_t b = end - 1;
     while (b > 0 && (static_cast<unsigned char>(s[b]) & 0xC0) == 0x80) --b;
     size_t k = b;
-    if (utf8_valid_len(s, b) == 0 || !py_isspace(utf8_next(s, k))) break;
+    if (!py_isspace(utf8_next(s, k))) break;
     end = b;
   }
   return std::string(s.substr(0, end));

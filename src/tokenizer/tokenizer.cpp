@@ -37,9 +37,7 @@ std::string byte_level_decode(std::string_view token) {
   std::string out;
   size_t i = 0;
   while (i < token.size()) {
-    size_t n = utf8_valid_len(token, i);
-    if (n == 0) return std::string(token);
-    int b = table.byte_of(utf8_next(token, i));
+    int b = table.byte_of(utf8_next(token, i));  // ill-formed bytes read as U+FFFD: not in the table
     if (b < 0) return std::string(token);
     out += static_cast<char>(b);
   }
