@@ -25,34 +25,36 @@ model::StepInputs StepBuilder::build(const std::vector<SeqChunk>& chunks) {
       tables.push_back(b < int64_t(c.blocks.size()) ? c.blocks[size_t(b)] : 0);
   }
   const int64_t n_tokens = int64_t(tokens.size()), n_seqs = int64_t(chunks.size());
-  // Staged in this order; next() below hands out the views in the same order.
-  const std::vector<int32_t>* arrays[] = {&tokens, &positions, &slots, &seq_starts, &tables, &rows};
-  staging_.clear();
-  for (const auto* a : arrays) staging_.insert(staging_.end(), a->begin(), a->end());
-  const int64_t total = int64_t(staging_.size());
-  if (!buffer_ || total > capacity_) {
-    capacity_ = std::max<int64_t>(total, 2 * capacity_);
-    buffer_ = backend_.alloc(DType::I32, {capacity_});
-  }
-  const TensorView all = buffer_->view();
-  backend_.copy_from_host(TensorView{all.data, DType::I32, {total}, all.device}, staging_.data());
-  int64_t offset = 0;
-  auto next = [&](const std::vector<int32_t>& a, Shape shape) {
-    TensorView v{all.as<int32_t>() + offset, DType::I32, shape, all.device};
-    offset += int64_t(a.size());
-    return v;
-  };
   model::StepInputs in;
-  in.token_ids = next(tokens, {n_tokens});
   in.attn.n_tokens = int(n_tokens);
   in.attn.n_seqs = int(n_seqs);
   in.attn.block_size = block_size_;
   in.attn.max_blocks_per_seq = int(max_blocks);
-  in.attn.positions = next(positions, {n_tokens});
-  in.attn.slot_mapping = next(slots, {n_tokens});
-  in.attn.seq_starts = next(seq_starts, {n_seqs + 1});
-  in.attn.block_tables = next(tables, {n_seqs, max_blocks});
-  in.logit_rows = next(rows, {int64_t(rows.size())});
+  struct Part {
+    const std::vector<int32_t>& host;
+    Shape shape;
+    TensorView& view;
+  };
+  const Part parts[] = {{tokens, {n_tokens}, in.token_ids},
+                        {positions, {n_tokens}, in.attn.positions},
+                        {slots, {n_tokens}, in.attn.slot_mapping},
+                        {seq_starts, {n_seqs + 1}, in.attn.seq_starts},
+                        {tables, {n_seqs, max_blocks}, in.attn.block_tables},
+                        {rows, {int64_t(rows.size())}, in.logit_rows}};
+  staging_.clear();
+  for (const Part& p : parts) staging_.insert(staging_.end(), p.host.begin(), p.host.end());
+  const int64_t total = int64_t(staging_.size());
+  if (!buffer_ || total > buffer_->view().numel()) {
+    const int64_t grown = buffer_ ? 2 * buffer_->view().numel() : 0;  // doubling: few reallocations
+    buffer_ = backend_.alloc(DType::I32, {std::max(total, grown)});
+  }
+  const TensorView all = buffer_->view();
+  backend_.copy_from_host(TensorView{all.data, DType::I32, {total}, all.device}, staging_.data());
+  int64_t offset = 0;
+  for (const Part& p : parts) {
+    p.view = TensorView{all.as<int32_t>() + offset, DType::I32, p.shape, all.device};
+    offset += int64_t(p.host.size());
+  }
   return in;
 }
 

@@ -32,8 +32,7 @@ class StepBuilder {
   // All of a step's index arrays live in one device buffer, kept and grown across steps: a
   // step uploads its metadata in one copy and allocates nothing once the buffer is big enough.
   std::unique_ptr<ops::Buffer> buffer_;
-  int64_t capacity_ = 0;            // int32 elements in buffer_
-  std::vector<int32_t> staging_;    // the host image of the buffer's used part
+  std::vector<int32_t> staging_;  // the host image of the buffer's used part
 };
 
 }  // namespace tetra::runtime
