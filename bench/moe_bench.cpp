@@ -60,12 +60,9 @@ struct DeviceMem {
   T* as() const { return static_cast<T*>(p); }
 };
 
-// Host -> device on the benchmark's stream, complete on return. A plain cudaMemcpy runs on
-// the legacy default stream, which a non-blocking stream does not wait for: a kernel on it
-// could read the buffer before the copy lands (routing on stale logits).
+// Host -> device on the benchmark's stream, complete on return (ops/cuda/cuda_check.h).
 void upload(cudaStream_t stream, void* dst, const void* src, size_t bytes) {
-  TETRA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
-  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  ops::cuda::copy_and_wait(stream, dst, src, bytes, cudaMemcpyHostToDevice);
 }
 
 struct Graph {
@@ -265,8 +262,7 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
       const TensorView v_out{out.p, DType::BF16, {T, H}, Device::Cuda};
       ops::cuda::route(ctx, v_logits, rs, v_ids, v_w);
       std::vector<int> hids(size_t(T) * k);
-      TETRA_CUDA_CHECK(cudaMemcpyAsync(hids.data(), ids.p, hids.size() * 4, cudaMemcpyDeviceToHost, stream));
-      TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+      ops::cuda::copy_and_wait(stream, hids.data(), ids.p, hids.size() * 4, cudaMemcpyDeviceToHost);
 
       Row r;
       r.shape = spec.name;
@@ -337,7 +333,8 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
                                (r.stage_us["down"] * 1e-6) * 1e-9;
       }
       if (opt.sweep_tiles)
-        for (int tile : {8, 16, 32, 64, 128, 192, 256}) r.sweep.push_back({tile, time_fp4(ops::cuda::MoeConfig{tile, false, "sweep"})});
+        for (int tile : ops::cuda::moe_tile_choices(ops::WeightFormat::Nvfp4))
+          r.sweep.push_back({tile, time_fp4(ops::cuda::MoeConfig{tile, false, "sweep"})});
 
       if (opt.baseline) {
         const HostGrouping grouping = group_by_expert(hids, T, k, E, ms.shared_expert);

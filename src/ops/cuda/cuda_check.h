@@ -16,3 +16,16 @@
 // After a kernel launch: launch-configuration errors surface here, asynchronous faults at
 // the next synchronizing call.
 #define TETRA_CUDA_CHECK_LAUNCH(name) TETRA_CUDA_CHECK(cudaGetLastError())
+
+namespace tetra::ops::cuda {
+
+// A copy on `stream`, complete on return. A plain cudaMemcpy runs on the legacy default
+// stream, which a non-blocking stream does not wait for: a kernel on it could read the
+// destination before the copy lands. Host buffers may be freed right after.
+inline void copy_and_wait(cudaStream_t stream, void* dst, const void* src, size_t bytes,
+                          cudaMemcpyKind kind) {
+  TETRA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace tetra::ops::cuda

@@ -2,7 +2,6 @@
 // route -> permute -> gate/up (+SiLU) -> down -> combine. No host synchronization.
 #include <algorithm>
 #include <cstdlib>
-#include <vector>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/moe_internal.h"
@@ -37,6 +36,13 @@ void check_view(TensorView v, DType dtype, int64_t rows, int64_t cols, const cha
 }  // namespace
 
 std::string MoeConfig::str() const { return str_cat("tile_tokens=", tile_tokens); }
+
+std::span<const int> moe_tile_choices(WeightFormat format) {
+  static constexpr int kNvfp4[] = {8, 16, 32, 64, 128, 192, 256};  // 64 and up: wgmma
+  static constexpr int kDense[] = {8, 16, 32, 64};
+  if (format == WeightFormat::Nvfp4) return kNvfp4;
+  return kDense;
+}
 
 int64_t moe_scratch_bytes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k, int tile_tokens) {
   const int64_t rows = n_tokens * (top_k + (ex.shape.shared_expert ? 1 : 0));
@@ -141,8 +147,7 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
                TensorView weights, TensorView out, const std::string& key) {
   const int64_t T = x.dim(0);
   const int top_k = int(ids.dim(1));
-  const std::vector<int> tiles = ex.format == WeightFormat::Nvfp4 ? std::vector<int>{8, 16, 32, 64, 128, 192, 256}
-                                                                   : std::vector<int>{8, 16, 32, 64};
+  const std::span<const int> tiles = moe_tile_choices(ex.format);
   const int h = heuristic_config(ex, T, top_k).tile_tokens;
   const int hi = int(std::find(tiles.begin(), tiles.end(), h) - tiles.begin());
   auto stream = static_cast<cudaStream_t>(ctx.stream);
@@ -212,6 +217,10 @@ void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView we
       return;  // tune() leaves the result in out
     }
   }
+  const std::span<const int> tiles = moe_tile_choices(ex.format);
+  TETRA_CHECK(std::find(tiles.begin(), tiles.end(), config.tile_tokens) != tiles.end(), "moe: tile_tokens ",
+              config.tile_tokens, " is not one the kernels take for ",
+              ex.format == WeightFormat::Nvfp4 ? "NVFP4" : "BF16", " experts");
   const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, config.tile_tokens);
   enqueue_layer(stream, ex, x, ids, weights, out, s, config.tile_tokens);
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,9 @@ struct MoeConfig {
   std::string why;      // what chose it, for --verbose
   std::string str() const;
 };
+
+// The tile widths moe_experts takes for experts of this format, smallest first.
+std::span<const int> moe_tile_choices(WeightFormat format);
 
 // Scratch bytes moe_experts needs in ctx.workspace for T tokens of top_k experts each.
 int64_t moe_workspace_bytes(const MoeExperts& experts, int64_t n_tokens, int top_k);

@@ -63,19 +63,11 @@ int64_t experts_bytes_per_expert(const MoeExperts& experts) {
 
 namespace {
 
-// Copies on the context's stream and waits. A plain cudaMemcpy runs on the legacy default
-// stream, which a non-blocking ctx.stream does not wait for (a kernel could read weights
-// before they land), and the host buffers here die right after the copy.
-void copy_now(cudaStream_t stream, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  TETRA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
-  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
-}
-
 // A host copy of a view's bytes (device views are copied down first).
 std::vector<uint8_t> host_bytes(cudaStream_t stream, TensorView v) {
   std::vector<uint8_t> out(size_t(v.nbytes()));
   if (v.device == Device::Cuda)
-    copy_now(stream, out.data(), v.data, out.size(), cudaMemcpyDeviceToHost);
+    copy_and_wait(stream, out.data(), v.data, out.size(), cudaMemcpyDeviceToHost);
   else
     std::memcpy(out.data(), v.data, out.size());
   return out;
@@ -157,22 +149,22 @@ std::unique_ptr<MoeExperts> prepare_experts(const Context& ctx, const std::vecto
     append_weight(stream, w2, m.down);
     auto* d13 = static_cast<uint8_t*>(ex->w13) + e * ex->w13_expert_bytes();
     auto* d2 = static_cast<uint8_t*>(ex->w2) + e * ex->w2_expert_bytes();
-    copy_now(stream, d13, w13.data(), w13.size(), cudaMemcpyHostToDevice);
-    copy_now(stream, d2, w2.data(), w2.size(), cudaMemcpyHostToDevice);
+    copy_and_wait(stream, d13, w13.data(), w13.size(), cudaMemcpyHostToDevice);
+    copy_and_wait(stream, d2, w2.data(), w2.size(), cudaMemcpyHostToDevice);
     if (format == WeightFormat::Nvfp4) {
       append_scale(stream, s13, m.gate);
       append_scale(stream, s13, m.up);
       append_scale(stream, s2, m.down);
-      copy_now(stream, ex->w13_scale + e * ex->w13_scale_expert_bytes(), s13.data(), s13.size(),
+      copy_and_wait(stream, ex->w13_scale + e * ex->w13_scale_expert_bytes(), s13.data(), s13.size(),
                cudaMemcpyHostToDevice);
-      copy_now(stream, ex->w2_scale + e * ex->w2_scale_expert_bytes(), s2.data(), s2.size(),
+      copy_and_wait(stream, ex->w2_scale + e * ex->w2_scale_expert_bytes(), s2.data(), s2.size(),
                cudaMemcpyHostToDevice);
       gscale.insert(gscale.end(), {m.gate.global_scale, m.up.global_scale, m.down.global_scale});
     } else {
       gscale.insert(gscale.end(), {1.0f, 1.0f, 1.0f});
     }
   }
-  copy_now(stream, ex->global_scale, gscale.data(), gscale.size() * sizeof(float), cudaMemcpyHostToDevice);
+  copy_and_wait(stream, ex->global_scale, gscale.data(), gscale.size() * sizeof(float), cudaMemcpyHostToDevice);
   return ex;
 }
 
@@ -193,9 +185,7 @@ std::unique_ptr<MoeExperts> random_experts(const Context& ctx, const MoeShape& s
     launch_fill_random_bf16(stream, static_cast<uint16_t*>(ex->w2), n * ex->w2_expert_bytes() / 2, seed + 1, 0.03f);
   }
   std::vector<float> gscale(size_t(n) * 3, format == WeightFormat::Nvfp4 ? 1.0f / 128 : 1.0f);
-  TETRA_CUDA_CHECK(cudaMemcpyAsync(ex->global_scale, gscale.data(), gscale.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream));
-  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  copy_and_wait(stream, ex->global_scale, gscale.data(), gscale.size() * sizeof(float), cudaMemcpyHostToDevice);
   return ex;
 }
 
