@@ -5,22 +5,12 @@
 #include <limits>
 #include <unordered_set>
 
+#include "formats/json_fields.h"
+
 namespace tetra::server {
 namespace {
 
 using nlohmann::json;
-
-const char* type_name(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "a number";
-    default: return "an integer";
-  }
-}
 
 const json* find(const json& body, const char* key) {
   auto it = body.find(key);
@@ -32,7 +22,7 @@ std::optional<int64_t> get_int(const json& body, const char* key, int64_t lo, in
   const json* v = find(body, key);
   if (!v) return std::nullopt;
   if (!v->is_number_integer())
-    throw_invalid(key, std::string("'") + key + "' must be an integer, got " + type_name(*v));
+    throw_invalid(key, std::string("'") + key + "' must be an integer, got " + json_kind(*v));
   // An unsigned value above INT64_MAX (2^63 and up) is out of range, not a wrap-around.
   if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
     throw_invalid(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
@@ -49,7 +39,7 @@ std::optional<double> get_number(const json& body, const char* key, double lo, d
   const json* v = find(body, key);
   if (!v) return std::nullopt;
   if (!v->is_number())
-    throw_invalid(key, std::string("'") + key + "' must be a number, got " + type_name(*v));
+    throw_invalid(key, std::string("'") + key + "' must be a number, got " + json_kind(*v));
   const double x = v->get<double>();
   const bool below = lo_exclusive ? !(x > lo) : !(x >= lo);
   if (!std::isfinite(x) || below || !(x <= hi)) {
@@ -64,7 +54,7 @@ std::optional<bool> get_bool(const json& body, const char* key) {
   const json* v = find(body, key);
   if (!v) return std::nullopt;
   if (!v->is_boolean())
-    throw_invalid(key, std::string("'") + key + "' must be a boolean, got " + type_name(*v));
+    throw_invalid(key, std::string("'") + key + "' must be a boolean, got " + json_kind(*v));
   return v->get<bool>();
 }
 
@@ -72,7 +62,7 @@ std::optional<std::string> get_string(const json& body, const char* key) {
   const json* v = find(body, key);
   if (!v) return std::nullopt;
   if (!v->is_string())
-    throw_invalid(key, std::string("'") + key + "' must be a string, got " + type_name(*v));
+    throw_invalid(key, std::string("'") + key + "' must be a string, got " + json_kind(*v));
   return v->get<std::string>();
 }
 
@@ -122,7 +112,7 @@ void parse_prompt(const json& body, const SchemaLimits& limits, GenerationReques
 void parse_messages(const json& body, const SchemaLimits& limits, GenerationRequest& r) {
   const json* m = find(body, "messages");
   if (!m) throw_invalid("messages", "'messages' is required");
-  if (!m->is_array()) throw_invalid("messages", std::string("'messages' must be an array, got ") + type_name(*m));
+  if (!m->is_array()) throw_invalid("messages", std::string("'messages' must be an array, got ") + json_kind(*m));
   if (m->empty()) throw_invalid("messages", "'messages' must not be empty");
   if (m->size() > limits.max_messages)
     throw_invalid("messages", "'messages' has more than " + std::to_string(limits.max_messages) + " entries");
@@ -274,7 +264,7 @@ GenerationRequest parse_generation_request(Endpoint endpoint, const json& body,
   if (auto f = get_number(body, "frequency_penalty", -2.0, 2.0)) r.frequency_penalty = float(*f);
   if (const json* s = find(body, "seed")) {
     // Any 64-bit integer, negative ones taken modulo 2^64 (OpenAI's seed is a signed int64).
-    if (!s->is_number_integer()) throw_invalid("seed", std::string("'seed' must be an integer, got ") + type_name(*s));
+    if (!s->is_number_integer()) throw_invalid("seed", std::string("'seed' must be an integer, got ") + json_kind(*s));
     r.seed = s->is_number_unsigned() ? s->get<uint64_t>() : uint64_t(s->get<int64_t>());
   }
   parse_stop(body, limits, r);
