@@ -144,7 +144,8 @@ struct Engine::Impl {
   bool accepting = true;
   bool stopping = false;
   uint64_t next_id = 1;
-  int64_t queued = 0;  // waiting in the scheduler at the last step, for QueueFull
+  // As of the last publish, except that `waiting` counts only the scheduler's queue and is
+  // kept current as arrivals leave the inbox; readers add inbox.size() under `mu`.
   EngineStats snapshot;
 };
 
@@ -197,8 +198,6 @@ void Engine::Impl::publish_stats() {
   s.steps = steps;
   s.failed_steps = failed_steps;
   std::lock_guard<std::mutex> lock(mu);
-  s.waiting += int64_t(inbox.size());
-  queued = scheduler.n_waiting();
   snapshot = s;
 }
 
@@ -213,6 +212,7 @@ bool Engine::Impl::take_inbox() {
     to_abort.swap(aborts);
     all = abort_everything;
     abort_everything = false;
+    snapshot.waiting += int64_t(arrived.size());  // still waiting, now in the scheduler
   }
   for (auto& r : arrived) {
     Request* raw = r.get();
@@ -338,14 +338,13 @@ SubmitResult Engine::submit(RequestParams params, OutputCallback on_output) {
   std::lock_guard<std::mutex> lock(s.mu);
   if (!s.accepting || s.stopping)
     return {0, SubmitError::ShuttingDown, "The server is shutting down and accepts no new requests."};
-  if (s.queued + int64_t(s.inbox.size()) >= s.config.max_queued_requests)
+  if (s.snapshot.waiting + int64_t(s.inbox.size()) >= s.config.max_queued_requests)
     return {0, SubmitError::QueueFull,
             str_cat("The request queue is full (", s.config.max_queued_requests,
                     " waiting); retry later.")};
   request->id = request->arrival = s.next_id++;
   const uint64_t id = request->id;
   s.inbox.push_back(std::move(request));
-  ++s.snapshot.waiting;
   s.wake.notify_one();
   return {id, SubmitError::None, {}};
 }
@@ -375,13 +374,17 @@ void Engine::stop() {
 
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->snapshot;
+  EngineStats s = impl_->snapshot;
+  s.waiting += int64_t(impl_->inbox.size());
+  return s;
 }
 
 bool Engine::step() {
   Impl& s = *impl_;
   bool did = s.take_inbox();
   auto chunks = s.scheduler.schedule();
+  // Admissions and preemptions show before any client hears of this step's tokens.
+  s.publish_stats();
   if (!chunks.empty()) {
     did = true;
     s.run_chunks(chunks);

@@ -86,6 +86,35 @@ TEST(EngineSubmit, RefusesBeyondTheQueueCap) {
   EXPECT_EQ(out.by_id.size(), 4u);
 }
 
+// What a client sees in the metrics once its first token arrives (RELIABILITY case 18 reads
+// them so): the running request counted as running, not still as waiting, and the request
+// that just arrived counted once.
+TEST(EngineStats, CountEachRequestOnceWhenATokenIsDelivered) {
+  testing::TinyModel m;
+  EngineConfig c = testing::small_config();
+  c.max_running_requests = 1;
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  std::vector<runtime::EngineStats> seen;
+  auto first = [&](const runtime::RequestOutput& o) {
+    if (!seen.empty() || o.tokens.empty()) return;
+    seen.push_back(engine.stats());
+    testing::submit_ok(engine, testing::greedy({4, 5}, 2), out);
+    seen.push_back(engine.stats());
+  };
+  ASSERT_EQ(engine.submit(testing::greedy({1, 2, 3}, 3), first).error, SubmitError::None);
+  EXPECT_EQ(engine.stats().waiting, 1);
+  engine.step();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].running, 1);
+  EXPECT_EQ(seen[0].waiting, 0);
+  EXPECT_EQ(seen[1].running, 1);
+  EXPECT_EQ(seen[1].waiting, 1);
+  testing::drain(engine);
+  EXPECT_EQ(engine.stats().waiting, 0);
+  EXPECT_EQ(engine.stats().running, 0);
+}
+
 TEST(EngineSubmit, ShuttingDownRefuses) {
   testing::TinyModel m;
   Engine engine(*m.model, *m.backend, testing::small_config());
