@@ -1,4 +1,7 @@
-"""RELIABILITY.md cases 24 and 25 with an injected engine fault (TETRA_TESTING_FAIL_STEP makes
+"""RELIABILITY.md case 25 while loading: the listener opens first, and health, the API and
+/v1/models answer 503 in the error shape until the model and KV cache are ready, then 200.
+
+Cases 24 and 25 with an injected engine fault (TETRA_TESTING_FAIL_STEP makes
 that forward throw, as a device fault would): a stream that was running gets an error event
 and then [DONE]; a non-streamed request gets a 500 in the OpenAI error shape; health stops
 saying 200 at once and the process drains and exits with status 1 within 5 s, so a supervisor
@@ -24,6 +27,45 @@ def wait_unhealthy_then_exit(s, timeout=5.0):
             pass  # the listener closed on exit
         time.sleep(0.02)
     raise AssertionError("tetra serve still running %.0f s after the fault:\n%s" % (timeout, s.log_text()))
+
+
+class Loading(unittest.TestCase):
+    def test_case25_503_while_loading_then_200(self):
+        # 1 GiB of KV cache takes about 1.5 s to set up here, long enough to be seen loading.
+        s = Server("--kv-memory", "1G", wait_ready=False)
+        try:
+            seen = []  # (health status, body) in the order they came
+            deadline = time.time() + 120
+            while time.time() < deadline and (not seen or seen[-1][0] != 200):
+                self.assertIsNone(s.proc.poll(), s.log_text())
+                try:
+                    status, _, body = s.request("GET", "/health", timeout=2)
+                except OSError:
+                    time.sleep(0.01)  # not listening yet
+                    continue
+                seen.append((status, body))
+                if status == 503 and len(seen) == 1:
+                    # While loading, requests and the model list are refused the same way.
+                    st, body_c, _ = s.complete(prompt="early", max_tokens=2)
+                    self.assertEqual(st, 503, body_c)
+                    self.assertEqual(body_c["error"]["type"], "unavailable_error")
+                    self.assertIn("loading", body_c["error"]["message"])
+                    st, _, body_m = s.request("GET", "/v1/models")
+                    self.assertEqual(st, 503, body_m)
+                time.sleep(0.01)
+            self.assertGreaterEqual(len(seen), 2, "health never answered while loading")
+            self.assertEqual(seen[-1][0], 200, seen[-1])
+            first_status, first_body = seen[0]
+            self.assertEqual(first_status, 503, first_body)
+            err = json.loads(first_body)["error"]
+            self.assertIn("loading", err["message"])
+            # Once ready it never goes back, and it serves.
+            self.assertTrue(all(st == 503 for st, _ in seen[:-1]), [st for st, _ in seen])
+            st, body, _ = s.complete(prompt="ready now", max_tokens=3, ignore_eos=True)
+            self.assertEqual(st, 200, body)
+            self.assertEqual(body["usage"]["completion_tokens"], 3)
+        finally:
+            self.assertEqual(s.stop(), 0)
 
 
 class InjectedFault(unittest.TestCase):
