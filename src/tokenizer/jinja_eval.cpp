@@ -20,6 +20,10 @@ int64_t floor_div(int64_t a, int64_t b) {
 
 Interpreter::Interpreter(Limits limits) : limits_(limits) {}
 
+Interpreter::~Interpreter() {
+  for (auto& c : macros_) c->fn = nullptr;
+}
+
 void Interpreter::raise(const std::string& message) const {
   throw Error("chat template line " + std::to_string(line_) + ": " + message);
 }
@@ -173,6 +177,20 @@ void Interpreter::exec_for(const Node& n, std::string& out) {
   }
 }
 
+// Values are reference counted, so a namespace that held itself would never be freed.
+bool Interpreter::contains(const Value& v, const Dict& d) {
+  step();  // bounded by the step limit, however large v is
+  if (v.is_dict()) {
+    if (&v.dict_ref() == &d) return true;
+    for (const auto& [k, item] : v.dict_ref().entries)
+      if (contains(item, d)) return true;
+  } else if (v.is_list()) {
+    for (const Value& item : v.items())
+      if (contains(item, d)) return true;
+  }
+  return false;
+}
+
 void Interpreter::exec_set(const Node& n, std::string& out) {
   (void)out;
   Value v;
@@ -193,6 +211,8 @@ void Interpreter::exec_set(const Node& n, std::string& out) {
     Value target = lookup(n.names[0]);
     if (!target.is_dict() || !target.dict_ref().is_namespace)
       error("cannot assign attribute on non-namespace object '", n.names[0], "'");
+    if (contains(v, target.dict_ref()))
+      error("cannot store namespace '", n.names[0], "' inside itself");
     target.dict_ref().set(n.name, std::move(v));
     return;
   }
@@ -248,6 +268,7 @@ void Interpreter::define_macro(const Node& n) {
     if (f != Flow::Normal) in.error("'break' or 'continue' outside a loop");
     return Value(std::move(out));
   };
+  macros_.push_back(c);
   assign(n.name, Value::callable(c));
 }
 

@@ -23,6 +23,9 @@ struct Limits {
 class Interpreter {
  public:
   explicit Interpreter(Limits limits = {});
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
 
   // Renders `tmpl` with `globals` (messages, tools, ...) on top of the builtins.
   std::string render(const Body& tmpl, const std::vector<std::pair<std::string, Value>>& globals);
@@ -50,6 +53,7 @@ class Interpreter {
   void exec_for(const Node& n, std::string& out);
   void exec_set(const Node& n, std::string& out);
   void define_macro(const Node& n);
+  bool contains(const Value& v, const Dict& d);
   Value eval(const Node& n);
   Value eval_binary(const Node& n);
   Value eval_compare(const Node& n);
@@ -65,6 +69,9 @@ class Interpreter {
   int call_depth_ = 0;
   int line_ = 0;
   std::shared_ptr<Frame> frame_;
+  // A macro holds the frame it was defined in, and that frame holds the macro: a cycle that
+  // the destructor breaks by dropping every macro's body.
+  std::vector<std::shared_ptr<Callable>> macros_;
 };
 
 // Builtins (jinja_builtins.cpp).

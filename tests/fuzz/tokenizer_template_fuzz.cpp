@@ -40,6 +40,7 @@ std::vector<std::string> tetra_fuzz_seeds() {
       "{{ tools | tojson(indent=2) }}{{ messages[-1].tool_calls[0].function.arguments | dictsort }}",
       "{{ 'a,b'.split(',')[::-1] | join('-') }}{{ '  x '.strip() }}{{ (1, 2) }}{{ {'k': [1, none]} }}",
       "{% if messages[0].content is string and not tools %}x{% elif bos_token %}{{ bos_token }}{% else %}y{% endif %}",
+      "{% set a = namespace(n=0) %}{% set b = namespace(a=a) %}{% set a.b = [b] %}{% set a.n = a.n + 1 %}{{ a.n }}",
       "{% raw %}{{ x }}{% endraw %}{# c #}{% filter lower %}ABC{% endfilter %}{% set b %}q{% endset %}{{ b }}",
   };
 }

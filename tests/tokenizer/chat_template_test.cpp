@@ -139,6 +139,12 @@ TEST(ChatTemplate, LoopScopeAndNamespace) {
   EXPECT_EQ(render("{% set ns = namespace(x=1) %}{% for i in [1, 2] %}{% set ns.x = i %}{% endfor %}{{ ns.x }}"), "2");
   EXPECT_EQ(render("{% if true %}{% set y = 5 %}{% endif %}{{ y }}"), "5");
   EXPECT_NE(error_of("{% set d = {} %}{% set d.x = 1 %}").find("non-namespace"), std::string::npos);
+  // Nesting namespaces works; a namespace reachable from itself is refused (it would be a
+  // reference cycle, never freed).
+  EXPECT_EQ(render("{% set a = namespace(v=1) %}{% set b = namespace() %}{% set b.a = a %}{{ b.a.v }}"), "1");
+  EXPECT_NE(error_of("{% set ns = namespace() %}{% set ns.me = ns %}").find("inside itself"), std::string::npos);
+  EXPECT_NE(error_of("{% set a = namespace() %}{% set b = namespace(a=a) %}{% set a.l = [1, {'k': b}] %}")
+                .find("inside itself"), std::string::npos);
 }
 
 TEST(ChatTemplate, WhitespaceControlAsTransformers) {
