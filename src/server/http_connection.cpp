@@ -97,7 +97,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     state_.metrics.count_response(r.status);
     stream_.expires_after(to_ms(state_.options.write_timeout_s));
     const bool linger = r.close;
+    writing_ = true;
     http::async_write(stream_, *res, [self = shared_from_this(), res, keep, linger](beast::error_code ec, size_t) {
+      self->writing_ = false;
       if (!ec && linger) return self->linger_close();
       if (ec || !keep) return self->close();
       self->after_response();
@@ -182,8 +184,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     watching_ = true;
     stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
       self->watching_ = false;
-      if (!self->gen_) {  // the response finished and cancelled the watch: move on
-        if (!self->closed_) self->do_read();
+      if (!self->gen_) {
+        // The generation ended. If its response is still being written, the write's handler
+        // reads next; starting a read here too would put two reads on the stream.
+        if (!self->closed_ && !self->writing_) self->do_read();
         return;
       }
       if (ec) return self->client_left();
