@@ -26,7 +26,9 @@ using Json = nlohmann::json;
 // container where the schema has none is refused at its first event.
 class HeaderSax {
  public:
-  HeaderSax(const std::string& source, SafetensorsHeader& out) : source_(source), out_(out) {}
+  // `allowance`: the most memory the parsed header may take (see parse_safetensors_header).
+  HeaderSax(const std::string& source, SafetensorsHeader& out, uint64_t allowance)
+      : source_(source), out_(out), allowance_(allowance) {}
 
   bool null() { return scalar("null"); }
   bool boolean(bool) { return scalar("a boolean"); }
@@ -69,6 +71,7 @@ class HeaderSax {
       return true;
     }
     if (state_ == State::Metadata) {
+      charge(kTreeNodeBytes + meta_key_.size() + v.size() + 2);
       out_.metadata.emplace(std::move(meta_key_), std::move(v));
       return true;
     }
@@ -134,6 +137,9 @@ class HeaderSax {
       if (!(seen_ & (1u << unsigned(Field::Dtype)))) fail_entry("has no dtype");
       if (!(seen_ & (1u << unsigned(Field::Shape)))) fail_entry("has no shape");
       if (!(seen_ & (1u << unsigned(Field::Offsets)))) fail_entry("has no data_offsets");
+      // The entry, the vector's spare capacity (up to as much again), and a copy of the name
+      // in each of the two name indexes built on it (the file's and the checkpoint's).
+      charge(2 * sizeof(TensorInfo) + 3 * (tensor_.name.size() + 1) + 2 * kTreeNodeBytes);
       out_.tensors.push_back(std::move(tensor_));
       state_ = State::Top;
       return true;
@@ -201,8 +207,21 @@ class HeaderSax {
     fail(source_, ": tensor ", quote_name(tensor_.name), " ", args...);
   }
 
+  // A std::map node around a std::string key: the tree links and the key's own size.
+  static constexpr uint64_t kTreeNodeBytes = 32 + sizeof(std::string) + 8;
+
+  void charge(uint64_t bytes) {
+    used_ += bytes;
+    if (used_ > allowance_)
+      fail(source_, ": the header's entries (", out_.tensors.size() + 1, " tensors so far) would take over ",
+           allowance_, " bytes of memory once parsed, more than the file holds (a real checkpoint's tensors "
+           "are far larger than their entries)");
+  }
+
   const std::string& source_;
   SafetensorsHeader& out_;
+  const uint64_t allowance_;
+  uint64_t used_ = 0;
   State state_ = State::Start;
   Field field_ = Field::Dtype;
   unsigned seen_ = 0;  // bit per Field seen in the current entry
@@ -276,8 +295,12 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t buffe
   // its strict mode; valid JSON never holds a raw NUL, so refuse it here.
   if (const size_t nul = json.find('\0'); nul != std::string_view::npos)
     fail(source, ": the header is not valid JSON (NUL byte at byte ", nul, " of the header)");
+  // A header of many tiny entries (empty tensors are valid) costs several times its text once
+  // parsed. RELIABILITY case 27: nothing is allocated beyond the file's size, with a floor so
+  // that small valid files always parse.
+  const uint64_t allowance = std::max<uint64_t>(8 + json.size() + buffer_bytes, kSafetensorsParseFloorBytes);
   SafetensorsHeader header;
-  HeaderSax sax(source, header);
+  HeaderSax sax(source, header, allowance);
   Json::sax_parse(json.begin(), json.end(), &sax);
 
   auto& tensors = header.tensors;

@@ -30,6 +30,8 @@ struct SafetensorsHeader {
 // The reference reader's MAX_HEADER_SIZE: a larger header length is refused before the
 // header is looked at.
 inline constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
+// A parsed header may take as much memory as its file's size, and at least this much.
+inline constexpr uint64_t kSafetensorsParseFloorBytes = 1u << 20;
 
 // The byte size of a tensor as the reference reader computes it: product(shape), then times
 // the dtype's bits, each step checked for u64 overflow; the bits must end on a byte boundary.

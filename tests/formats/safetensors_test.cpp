@@ -259,6 +259,31 @@ TEST(SafetensorsParse, ErrorMessagesStayShortForHugeNames) {
   EXPECT_NE(msg.find("unknown dtype"), std::string::npos);
 }
 
+// Empty tensors are valid, so a header can list very many for a few bytes each; parsed, each
+// costs several times its text. Such a header is refused once it would take more memory than
+// the file's size (case 27), and the same entries parse when the file is large enough.
+TEST(SafetensorsParse, RefusesHeadersThatWouldTakeMoreMemoryThanTheFile) {
+  std::string json = "{";
+  const int n = 40000;  // about 2 MB of entries, past the 1 MiB floor
+  for (int i = 0; i < n; ++i)
+    json += str_cat(i ? "," : "", "\"t", i, R"(":{"dtype":"U8","shape":[0],"data_offsets":[0,0]})");
+  json += "}";
+  const std::string msg = header_error(json, 0);
+  EXPECT_NE(msg.find("more than the file holds"), std::string::npos) << msg.substr(0, 400);
+  EXPECT_LT(msg.size(), 400u);
+
+  // With a 32 MiB file the same header is ordinary: its data is one real tensor.
+  const uint64_t data = 32u << 20;
+  std::string big = json.substr(0, json.size() - 1) +
+                    str_cat(R"(,"w":{"dtype":"U8","shape":[)", data, R"(],"data_offsets":[0,)", data, "]}}");
+  const SafetensorsHeader h = parse_safetensors_bytes(image(big, std::string(data, '\0')), kSrc);
+  EXPECT_EQ(h.tensors.size(), size_t(n + 1));
+
+  // Small files always parse, however their entries compare with their size.
+  EXPECT_EQ(parse_safetensors_bytes(image(R"({"a":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})",
+                                          std::string(4, '\0')), kSrc).tensors.size(), 1u);
+}
+
 // ---- mapped files ----
 
 TEST(SafetensorsFile, MapsTensorsInPlace) {
