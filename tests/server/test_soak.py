@@ -13,7 +13,7 @@ import random
 import time
 import unittest
 
-from harness import Server
+from harness import Server, stream_chunks, stream_finish
 
 SOAK_S = float(os.environ.get("TETRA_SOAK_SECONDS", "30"))
 PEAK_WINDOW_S = min(10.0, max(3.0, SOAK_S / 60))  # closed loop, to measure the peak rate
@@ -28,7 +28,6 @@ class Reply:
         self.body = b""
         self.events = []  # SSE payloads, for a stream
         self.ttft = None  # seconds to the first event with text
-        self.left = False  # the client went away on purpose
 
 
 async def http_post(port, path, body, stream=False, leave_after=None):
@@ -67,8 +66,7 @@ async def http_post(port, path, body, stream=False, leave_after=None):
                         '"content":""' not in payload and '"role"' not in payload:
                     reply.ttft = time.monotonic() - t0
             if leave_after is not None and len(reply.events) >= leave_after:
-                reply.left = True
-                return reply
+                return reply  # the client goes away on purpose
     finally:
         writer.close()
     return reply
@@ -128,13 +126,14 @@ def check(req, reply):
     if reply.status != 200:
         return "status %d %r" % (reply.status, reply.body[:200])
     if req["stream"]:
-        if not reply.events or reply.events[-1] != "[DONE]":
-            return "stream did not end with [DONE]"
-        chunks = [json.loads(e) for e in reply.events[:-1]]
-        if any("error" in c for c in chunks):
-            return "error event %r" % chunks[-1]
-        finish = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
-        return "" if finish == ["length"] else "finish reasons %r" % finish
+        try:
+            chunks = stream_chunks(reply.events)
+            if any("error" in c for c in chunks):
+                return "error event %r" % chunks[-1]
+            finish = stream_finish(chunks)
+        except AssertionError as e:
+            return "malformed stream: %s" % e
+        return "" if finish == "length" else "finish reason %r" % finish
     body = json.loads(reply.body)
     if body["usage"]["completion_tokens"] != req["max_tokens"]:
         return "completion_tokens %d, asked %d" % (body["usage"]["completion_tokens"], req["max_tokens"])
