@@ -18,6 +18,7 @@ struct MoeBenchOptions {
   bool baseline = true;      // BF16 weights through cuBLAS in the same run
   bool json = false;
   bool verbose = false;
+  std::string tune_cache;    // the MoE tuning cache file ("" keeps tunings in memory)
 };
 
 // The shape names `--shape` accepts.

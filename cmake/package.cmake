@@ -1,8 +1,11 @@
 # libtetra for embedders: one target, tetra::engine (the model families, the CPU backend, the
 # tokenizer, the runtime with its batching engine), in the build tree and after
 # `cmake --install build --prefix P` through find_package(tetra) with CMAKE_PREFIX_PATH=P.
-# The HTTP server, the CLI and the CUDA kernels (not yet a Backend) stay out of it.
+# The HTTP server and the CLI stay out of it.
 set(tetra_engine_libs tetra_core tetra_formats tetra_tokenizer tetra_ops tetra_model tetra_runtime)
+if(TARGET tetra_ops_cuda)  # the CUDA backend, behind ops::make_backend
+  list(APPEND tetra_engine_libs tetra_ops_cuda)
+endif()
 foreach(lib ${tetra_engine_libs})
   if(NOT TARGET ${lib})
     message(STATUS "tetra: ${lib} is not built, so libtetra (tetra::engine) is not packaged")

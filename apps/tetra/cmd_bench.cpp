@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "device_options.h"
 #include "core/error.h"
 #ifdef TETRA_HAVE_BENCH_MOE
 #include "bench/moe_bench.h"
@@ -68,6 +69,7 @@ int bench_moe(int argc, char** argv) {
   opt.baseline = !no_baseline;
   opt.json = json;
   opt.verbose = verbose;
+  opt.tune_cache = moe_tune_cache_path();
   return bench::run_moe_bench(opt);
 #else
   (void)verbose;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "device_options.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "progress.h"
@@ -48,7 +49,7 @@ int cmd_eval(int argc, char** argv) {
                "agreement against a reference model.", "tetra eval"};
   std::string model_dir, text_file, ref_dir, ids_file;
   int64_t window = 512;
-  int threads = 0;
+  DeviceFlags dev;
   bool json = false;
   app.add_option("--model", model_dir, "model folder")->required();
   auto* t = app.add_option("--text", text_file, "text file, tokenized with the model's tokenizer");
@@ -56,7 +57,7 @@ int cmd_eval(int argc, char** argv) {
   t->excludes(i);
   app.add_option("--ref", ref_dir, "reference model folder (e.g. the BF16 original)");
   app.add_option("--window", window, "tokens per evaluation window")->check(CLI::Range(2, 1 << 20));
-  app.add_option("--threads", threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  add_device_flags(app, dev, false);
   app.add_flag("--json", json, "print one JSON object on stdout");
   try {
     app.parse(argc, argv);
@@ -84,7 +85,7 @@ int cmd_eval(int argc, char** argv) {
 #endif
   }
 
-  auto backend = ops::make_cpu_backend(threads);
+  auto backend = ops::make_backend(backend_options(dev));
   auto model = load(dir, *backend);
   std::unique_ptr<model::Model> ref;
   if (!ref_dir.empty()) ref = load(ref_dir, *backend);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "device_options.h"
 #include "core/error.h"
 #include "formats/model_config.h"
 #include "model/model.h"
@@ -49,8 +50,9 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 int cmd_generate(int argc, char** argv) {
   CLI::App app{"Generate tokens from a prompt.", "tetra generate"};
-  std::string model_dir, prompt, prompt_ids, device = "cpu";
-  int max_new_tokens = 16, threads = 0;
+  std::string model_dir, prompt, prompt_ids;
+  DeviceFlags dev;
+  int max_new_tokens = 16;
   float temperature = 0.0f, top_p = 1.0f;
   int top_k = 0;
   uint64_t seed = 0;
@@ -64,8 +66,7 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--top-p", top_p, "nucleus mass in (0, 1]")->check(CLI::Range(1e-6f, 1.0f));
   app.add_option("--top-k", top_k, "0 = all tokens")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", seed, "sampling seed");
-  app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--threads", threads, "CPU threads (0 = all cores)")->check(CLI::NonNegativeNumber);
+  add_device_flags(app, dev);
   app.add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
   app.add_flag("--json", json, "print one JSON object on stdout");
   try {
@@ -74,7 +75,6 @@ int cmd_generate(int argc, char** argv) {
     return app.exit(e);
   }
   TETRA_CHECK(!prompt.empty() || !prompt_ids.empty(), "give a prompt with --prompt or --prompt-ids");
-  TETRA_CHECK(device == "cpu", "--device cuda needs the CUDA backend, which this build does not have yet");
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
 
@@ -99,10 +99,11 @@ int cmd_generate(int argc, char** argv) {
   // Requests are checked against the config before the weights are touched.
   runtime::check_prompt(load_model_config(dir), prompt_tokens, max_new_tokens);
 
-  auto backend = ops::make_cpu_backend(threads);
+  auto backend = ops::make_backend(backend_options(dev));
   Progress progress("loading " + dir.filename().string());
   model::LoadOptions options;
   options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
+  options.dummy = dev.load_format == "dummy";
   auto model = model::load_model(dir, *backend, options);
   const auto stats = model->load_stats();
   progress.finish(stats.tensors, stats.bytes);

@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "commands.h"
+#include "device_options.h"
+#include "progress.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "runtime/engine.h"
@@ -54,15 +56,16 @@ void raise_fd_limit() {
 
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"Serve a model over an OpenAI-compatible HTTP API.", "tetra serve"};
-  std::string model_dir, host = "127.0.0.1", device = "cpu", kv_memory = "256M", served_name;
-  int port = 30000, tp = 1, ep = 1, threads = 0, http_threads = 2;
+  std::string model_dir, host = "127.0.0.1", kv_memory, served_name;
+  DeviceFlags dev;
+  int port = 30000, tp = 1, ep = 1, http_threads = 2;
   runtime::EngineConfig engine_config;
-  double mem_fraction = 0.85, shutdown_timeout = 30, read_timeout = 30;
+  double shutdown_timeout = 30, read_timeout = 30;
   int64_t context_length = 0;
   app.add_option("--model", model_dir, "model folder (config.json, safetensors, tokenizer.json)")->required();
   app.add_option("--host", host, "address to listen on");
   app.add_option("--port", port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
-  app.add_option("--device", device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  add_device_flags(app, dev);
   app.add_option("--max-running-requests", engine_config.max_running_requests, "requests in the running batch")
       ->check(CLI::Range(1, 65536));
   app.add_option("--max-queued-requests", engine_config.max_queued_requests,
@@ -72,15 +75,19 @@ int cmd_serve(int argc, char** argv) {
                  "decode steps run back to back before scheduling again")->check(CLI::Range(1, 64));
   app.add_option("--chunked-prefill-size", engine_config.chunked_prefill_size, "prompt tokens per step at most")
       ->check(CLI::Range(int64_t(16), int64_t(1) << 24));
-  app.add_option("--mem-fraction-static", mem_fraction, "GPU memory fraction for weights and KV cache")
+  app.add_option("--mem-fraction-static", engine_config.mem_fraction_static,
+                 "GPU: the fraction of its memory for the weights and the KV cache together")
       ->check(CLI::Range(0.01, 1.0));
-  app.add_option("--kv-memory", kv_memory, "CPU memory for the KV cache (e.g. 256M, 2G)");
+  // The last --kv-memory given wins, so a wrapper's default can be overridden after it.
+  app.add_option("--kv-memory", kv_memory,
+                 "bytes for the KV cache (e.g. 256M, 2G); default 256M on the CPU, on a GPU what "
+                 "--mem-fraction-static leaves")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--context-length", context_length, "tokens per sequence (0: the model's maximum)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   app.add_option("--served-model-name", served_name, "model name in the API (default: the folder name)");
   app.add_option("--tp", tp, "tensor-parallel size")->check(CLI::Range(1, 64));
   app.add_option("--ep", ep, "expert-parallel size")->check(CLI::Range(1, 64));
-  app.add_option("--threads", threads, "CPU compute threads (0 = all cores)")->check(CLI::Range(0, 4096));
   app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 256));
   app.add_option("--shutdown-timeout", shutdown_timeout,
                  "seconds SIGTERM lets running requests finish (0: abort them at once)")->check(CLI::Range(0.0, 86400.0));
@@ -91,14 +98,13 @@ int cmd_serve(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  TETRA_CHECK(device == "cpu", "--device cuda is not served yet; use --device cpu");
   TETRA_CHECK(tp == 1, "--tp ", tp, " is not supported yet; tetra serve runs on one device (--tp 1)");
   TETRA_CHECK(ep == 1, "--ep ", ep, " is not supported yet; tetra serve runs on one device (--ep 1)");
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
   TETRA_CHECK(std::filesystem::exists(dir / "tokenizer.json"), "tetra serve needs ",
               (dir / "tokenizer.json").string(), " to turn text into tokens");
-  engine_config.kv_memory_bytes = parse_bytes(kv_memory);
+  if (!kv_memory.empty()) engine_config.kv_memory_bytes = parse_bytes(kv_memory);
   engine_config.max_context = context_length;
   if (const char* v = std::getenv("TETRA_TESTING_FAIL_STEP"); v && *v) {
     // Tests only (RELIABILITY cases 24 and 25): make that engine step fail like a device fault.
@@ -112,6 +118,10 @@ int cmd_serve(int argc, char** argv) {
   if (served_name.empty()) served_name = std::filesystem::absolute(dir).parent_path().filename().string();
   raise_fd_limit();
 
+  // The device answers (or the command ends with one sentence) before the server listens.
+  auto backend = ops::make_backend(backend_options(dev));
+  std::fprintf(stderr, "tetra serve: backend %s\n", backend->name().c_str());
+
   server::Server srv(server::ServerOptions{.host = host,
                                            .port = port,
                                            .http_threads = http_threads,
@@ -122,8 +132,12 @@ int cmd_serve(int argc, char** argv) {
                dir.string().c_str());
 
   tok::Tokenizer tokenizer = tok::Tokenizer::load(dir);
-  auto backend = ops::make_cpu_backend(threads);
-  auto model = model::load_model(dir, *backend);
+  Progress progress("loading " + dir.filename().string());
+  model::LoadOptions load_options;
+  load_options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
+  load_options.dummy = dev.load_format == "dummy";
+  auto model = model::load_model(dir, *backend, load_options);
+  progress.finish(model->load_stats().tensors, model->load_stats().bytes);
   const ModelConfig& mc = model->config();
   runtime::Engine engine(*model, *backend, engine_config);
   std::thread engine_thread([&engine] {

@@ -28,15 +28,16 @@ void Progress::update(int64_t items, int64_t bytes) {
   if (now - last_ < std::chrono::milliseconds(100)) return;
   last_ = now;
   const double s = std::chrono::duration<double>(now - start_).count();
-  std::fprintf(stderr, "\r%s: %lld tensors, %s, %.1f s", label_.c_str(), (long long)items,
-               format_bytes(double(bytes)).c_str(), s);
+  std::fprintf(stderr, "\r%s: %lld tensors, %s, %s/s, %.1f s", label_.c_str(), (long long)items,
+               format_bytes(double(bytes)).c_str(), format_bytes(s > 0 ? double(bytes) / s : 0.0).c_str(), s);
   std::fflush(stderr);
 }
 
 double Progress::finish(int64_t items, int64_t bytes) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  std::fprintf(stderr, "%s%s: %lld tensors, %s, %.2f s\n", tty_ ? "\r" : "", label_.c_str(),
-               (long long)items, format_bytes(double(bytes)).c_str(), s);
+  std::fprintf(stderr, "%s%s: %lld tensors, %s, %s/s, %.2f s\n", tty_ ? "\r" : "", label_.c_str(),
+               (long long)items, format_bytes(double(bytes)).c_str(),
+               format_bytes(s > 0 ? double(bytes) / s : 0.0).c_str(), s);
   return s;
 }
 

@@ -18,13 +18,13 @@ TokenIo load_token_io(WeightLoader& loader, const ModelConfig& c) {
   return io;
 }
 
-void project_logits(ops::Backend& backend, const TokenIo& io, float eps, TensorView h,
-                    TensorView rows, TensorView logits) {
-  const auto& ctx = backend.context();
-  auto x = backend.alloc(backend.activation_dtype(), {rows.numel(), h.dim(1)});
-  backend.gather_rows(ctx, h, rows, x->view());
-  backend.rms_norm(ctx, x->view(), io.final_norm, eps, x->view());
-  backend.linear(ctx, x->view(), io.lm_head, logits);
+void project_logits(ops::Backend& backend, const ops::Context& ctx, const TokenIo& io, float eps,
+                    TensorView h, TensorView rows, TensorView logits) {
+  ops::Arena& arena = *ctx.arena;
+  TensorView x = arena.alloc(backend.activation_dtype(), {rows.numel(), h.dim(1)});
+  backend.gather_rows(ctx, h, rows, x);
+  backend.rms_norm(ctx, x, io.final_norm, eps, x);
+  backend.linear(ctx, x, io.lm_head, logits);
 }
 
 DeviceRope upload_rope(ops::Backend& backend, const RopeConfig& rope) {

@@ -19,8 +19,8 @@ TokenIo load_token_io(WeightLoader& loader, const ModelConfig& c);
 
 // logits [R, vocab] of the final hidden states h [T, hidden] at `rows` (I32 [R]). The final
 // norm is row-wise, so only the rows whose logits are wanted go through it.
-void project_logits(ops::Backend& backend, const TokenIo& io, float eps, TensorView h,
-                    TensorView rows, TensorView logits);
+void project_logits(ops::Backend& backend, const ops::Context& ctx, const TokenIo& io, float eps,
+                    TensorView h, TensorView rows, TensorView logits);
 
 struct DeviceRope {
   std::unique_ptr<ops::Buffer> inv_freq;  // owns spec.inv_freq

@@ -7,20 +7,21 @@ namespace {
 
 std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
 
-void run_mlp(ops::Backend& backend, const ops::MlpWeights& w, TensorView x, TensorView out) {
-  const auto& ctx = backend.context();
+void run_mlp(ops::Backend& backend, const ops::Context& ctx, const ops::MlpWeights& w, TensorView x,
+             TensorView out) {
+  ops::Arena& arena = *ctx.arena;
   const int64_t n_tokens = x.dim(0), inter = w.gate.n_out;
-  auto gate = backend.alloc(backend.activation_dtype(), {n_tokens, inter});
-  auto up = backend.alloc(backend.activation_dtype(), {n_tokens, inter});
-  backend.linear(ctx, x, w.gate, gate->view());
-  backend.linear(ctx, x, w.up, up->view());
-  backend.silu_mul(ctx, gate->view(), up->view(), gate->view());
-  backend.linear(ctx, gate->view(), w.down, out);
+  TensorView gate = arena.alloc(backend.activation_dtype(), {n_tokens, inter});
+  TensorView up = arena.alloc(backend.activation_dtype(), {n_tokens, inter});
+  backend.linear(ctx, x, w.gate, gate);
+  backend.linear(ctx, x, w.up, up);
+  backend.silu_mul(ctx, gate, up, gate);
+  backend.linear(ctx, gate, w.down, out);
 }
 
 }  // namespace
 
-FfnLayer load_ffn(WeightLoader& loader, ops::Backend& backend, const ModelConfig& c, int layer,
+FfnLayer load_ffn(WeightLoader& loader, const ModelConfig& c, int layer,
                   const FfnNames& names) {
   FfnLayer ffn;
   const std::string prefix = layer_prefix(layer);
@@ -42,43 +43,34 @@ FfnLayer load_ffn(WeightLoader& loader, ops::Backend& backend, const ModelConfig
   ffn.routing.n_group = int(c.n_group);
   ffn.routing.topk_group = int(c.topk_group);
   if (c.router_bias) {
-    // Kept in fp32 by transformers (_keep_in_fp32_modules_strict); the op reads F32.
-    const std::string name = moe + names.router + ".e_score_correction_bias";
-    ffn.routing.correction_bias = loader.floats(name, {n_experts});
-    TETRA_CHECK(ffn.routing.correction_bias.dtype == DType::F32, name,
-                " must be stored as F32, as transformers keeps it");
+    // Kept in fp32 by transformers (_keep_in_fp32_modules_strict) whatever the checkpoint
+    // stores (save_pretrained of a BF16 model writes BF16): the op reads F32.
+    ffn.routing.correction_bias =
+        loader.floats_f32(moe + names.router + ".e_score_correction_bias", {n_experts});
   }
-  std::vector<ops::MlpWeights> experts;
-  experts.reserve(size_t(n_experts));
-  for (int64_t e = 0; e < n_experts; ++e)
-    experts.push_back(loader.mlp(moe + names.experts + std::to_string(e) + ".", names.gate,
-                                 names.up, names.down, hidden, c.moe_intermediate_size));
-  ffn.experts = backend.prepare_experts(experts);
-  if (c.n_shared_experts > 0 && names.shared)
-    ffn.shared = loader.mlp(moe + names.shared, names.gate, names.up, names.down, hidden,
-                            c.moe_intermediate_size * c.n_shared_experts);
+  const std::string shared_prefix = moe + (names.shared ? names.shared : "");
+  const bool shared = c.n_shared_experts > 0 && names.shared;
+  ffn.experts = loader.experts(moe + names.experts, n_experts, names.gate, names.up, names.down, hidden,
+                               c.moe_intermediate_size, shared ? &shared_prefix : nullptr,
+                               c.moe_intermediate_size * c.n_shared_experts);
   return ffn;
 }
 
-void run_ffn(ops::Backend& backend, const FfnLayer& ffn, TensorView x, TensorView out) {
+void run_ffn(ops::Backend& backend, const ops::Context& ctx, const FfnLayer& ffn, TensorView x,
+             TensorView out) {
   if (!ffn.is_moe) {
-    run_mlp(backend, ffn.dense, x, out);
+    run_mlp(backend, ctx, ffn.dense, x, out);
     return;
   }
-  const auto& ctx = backend.context();
+  ops::Arena& arena = *ctx.arena;
   const int64_t n_tokens = x.dim(0), n_experts = ffn.router.n_out;
   const int k = ffn.routing.top_k;
-  auto logits = backend.alloc(DType::F32, {n_tokens, n_experts});
-  auto ids = backend.alloc(DType::I32, {n_tokens, k});
-  auto weights = backend.alloc(DType::F32, {n_tokens, k});
-  backend.linear(ctx, x, ffn.router, logits->view());
-  backend.route(ctx, logits->view(), ffn.routing, ids->view(), weights->view());
-  backend.moe_experts(ctx, x, ids->view(), weights->view(), *ffn.experts, out);
-  if (ffn.shared) {
-    auto shared_out = backend.alloc(backend.activation_dtype(), out.shape);
-    run_mlp(backend, *ffn.shared, x, shared_out->view());
-    backend.add(ctx, out, shared_out->view(), out);
-  }
+  TensorView logits = arena.alloc(DType::F32, {n_tokens, n_experts});
+  TensorView ids = arena.alloc(DType::I32, {n_tokens, k});
+  TensorView weights = arena.alloc(DType::F32, {n_tokens, k});
+  backend.linear(ctx, x, ffn.router, logits);
+  backend.route(ctx, logits, ffn.routing, ids, weights);
+  backend.moe_experts(ctx, x, ids, weights, *ffn.experts, out);
 }
 
 }  // namespace tetra::model

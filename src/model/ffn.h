@@ -3,7 +3,6 @@
 #pragma once
 
 #include <memory>
-#include <optional>
 
 #include "model/weights.h"
 #include "ops/ops.h"
@@ -15,8 +14,7 @@ struct FfnLayer {
   ops::MlpWeights dense;                     // dense layers
   ops::LinearWeight router;                  // MoE: [E, hidden]
   ops::RoutingSpec routing;
-  std::unique_ptr<ops::MoeExperts> experts;
-  std::optional<ops::MlpWeights> shared;     // shared expert, unscaled
+  std::unique_ptr<ops::MoeExperts> experts;  // with the shared expert, when the layer has one
 };
 
 // Names of one family's FFN tensors under `model.layers.L.`.
@@ -30,10 +28,10 @@ struct FfnNames {
   const char* shared;           // "shared_experts." or nullptr
 };
 
-FfnLayer load_ffn(WeightLoader& loader, ops::Backend& backend, const ModelConfig& c, int layer,
-                  const FfnNames& names);
+FfnLayer load_ffn(WeightLoader& loader, const ModelConfig& c, int layer, const FfnNames& names);
 
 // out [T, hidden] = ffn(x [T, hidden]).
-void run_ffn(ops::Backend& backend, const FfnLayer& ffn, TensorView x, TensorView out);
+void run_ffn(ops::Backend& backend, const ops::Context& ctx, const FfnLayer& ffn, TensorView x,
+             TensorView out);
 
 }  // namespace tetra::model

@@ -31,11 +31,11 @@ FfnNames ffn_names(ModelFamily family) {
 
 class GqaMoeModel : public Model {
  public:
-  GqaMoeModel(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint, ops::Backend& backend,
-              const LoadOptions& options)
+  GqaMoeModel(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint, const std::filesystem::path& dir,
+              ops::Backend& backend, const LoadOptions& options)
       : config_(std::move(config)), checkpoint_(std::move(checkpoint)), backend_(backend) {
     const ModelConfig& c = config_;
-    WeightLoader loader(*checkpoint_, backend_, options);
+    WeightLoader loader(checkpoint_.get(), dir, backend_, options);
     const int64_t hidden = c.hidden_size, q_width = c.n_heads * c.head_dim,
                   kv_width = c.n_kv_heads * c.head_dim;
     const FfnNames names = ffn_names(c.family);
@@ -55,71 +55,80 @@ class GqaMoeModel : public Model {
         a.q_norm = loader.floats(p + "self_attn.q_norm.weight", {c.head_dim});
         a.k_norm = loader.floats(p + "self_attn.k_norm.weight", {c.head_dim});
       }
-      layer.ffn = load_ffn(loader, backend_, c, l, names);
+      layer.ffn = load_ffn(loader, c, l, names);
       layers_.push_back(std::move(layer));
     }
     io_ = load_token_io(loader, c);
     rope_ = upload_rope(backend_, c.rope);
     stats_ = loader.stats();
+    storage_ = loader.take_storage();
+    backend_.synchronize();  // queued uploads read the mapping and the loader's buffers
   }
 
   const ModelConfig& config() const override { return config_; }
   LoadStats load_stats() const override { return stats_; }
+  std::vector<const ops::MoeExperts*> moe_experts() const override {
+    std::vector<const ops::MoeExperts*> out;
+    for (const Layer& l : layers_)
+      if (l.ffn.experts) out.push_back(l.ffn.experts.get());
+    return out;
+  }
 
   std::vector<KvLayerShape> kv_layout() const override {
     return std::vector<KvLayerShape>(size_t(config_.n_layers),
                                      {config_.n_kv_heads, config_.head_dim, config_.head_dim});
   }
 
-  void forward(const StepInputs& in, const std::vector<ops::KvCacheLayer>& cache,
-               TensorView logits) override {
+  void forward(const ops::Context& ctx, const StepInputs& in,
+               const std::vector<ops::KvCacheLayer>& cache, TensorView logits) override {
     const ModelConfig& c = config_;
     ops::Backend& b = backend_;
-    const auto& ctx = b.context();
+    ops::Arena& arena = *ctx.arena;
     const DType act = b.activation_dtype();
     const int64_t n_tokens = in.token_ids.numel(), hidden = c.hidden_size;
     const int64_t n_heads = c.n_heads, n_kv = c.n_kv_heads, hd = c.head_dim;
     TETRA_CHECK(int64_t(cache.size()) == c.n_layers, "forward: the KV cache has ", cache.size(),
                 " layers, the model ", c.n_layers);
 
-    auto h = b.alloc(act, {n_tokens, hidden});
-    auto x = b.alloc(act, {n_tokens, hidden});
-    auto y = b.alloc(act, {n_tokens, hidden});
-    auto q = b.alloc(act, {n_tokens, n_heads, hd});
-    auto k = b.alloc(act, {n_tokens, n_kv, hd});
-    auto v = b.alloc(act, {n_tokens, n_kv, hd});
-    auto attn = b.alloc(act, {n_tokens, n_heads, hd});
+    TensorView h = arena.alloc(act, {n_tokens, hidden});
+    TensorView x = arena.alloc(act, {n_tokens, hidden});
+    TensorView y = arena.alloc(act, {n_tokens, hidden});
+    TensorView q = arena.alloc(act, {n_tokens, n_heads, hd});
+    TensorView k = arena.alloc(act, {n_tokens, n_kv, hd});
+    TensorView v = arena.alloc(act, {n_tokens, n_kv, hd});
+    TensorView attn = arena.alloc(act, {n_tokens, n_heads, hd});
     const float scale = 1.0f / std::sqrt(float(hd));
 
-    b.embedding(ctx, io_.embed, in.token_ids, h->view());
+    b.embedding(ctx, io_.embed, in.token_ids, h);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
       const AttentionWeights& a = layer.attn;
-      b.rms_norm(ctx, h->view(), layer.input_norm, float(c.rms_norm_eps), x->view());
-      b.linear(ctx, x->view(), a.q, q->view().reshaped({n_tokens, n_heads * hd}));
-      b.linear(ctx, x->view(), a.k, k->view().reshaped({n_tokens, n_kv * hd}));
-      b.linear(ctx, x->view(), a.v, v->view().reshaped({n_tokens, n_kv * hd}));
+      b.rms_norm(ctx, h, layer.input_norm, float(c.rms_norm_eps), x);
+      b.linear(ctx, x, a.q, q.reshaped({n_tokens, n_heads * hd}));
+      b.linear(ctx, x, a.k, k.reshaped({n_tokens, n_kv * hd}));
+      b.linear(ctx, x, a.v, v.reshaped({n_tokens, n_kv * hd}));
       if (c.qk_norm) {
-        b.rms_norm(ctx, q->view(), a.q_norm, float(c.rms_norm_eps), q->view());
-        b.rms_norm(ctx, k->view(), a.k_norm, float(c.rms_norm_eps), k->view());
+        b.rms_norm(ctx, q, a.q_norm, float(c.rms_norm_eps), q);
+        b.rms_norm(ctx, k, a.k_norm, float(c.rms_norm_eps), k);
       }
-      b.rope(ctx, q->view(), in.attn.positions, rope_.spec);
-      b.rope(ctx, k->view(), in.attn.positions, rope_.spec);
-      b.kv_write(ctx, k->view(), v->view(), in.attn, cache[l]);
-      b.attention(ctx, q->view(), cache[l], in.attn, scale, attn->view());
-      b.linear(ctx, attn->view().reshaped({n_tokens, n_heads * hd}), a.o, y->view());
-      b.add(ctx, h->view(), y->view(), h->view());
+      b.rope(ctx, q, in.attn.positions, rope_.spec);
+      b.rope(ctx, k, in.attn.positions, rope_.spec);
+      b.kv_write(ctx, k, v, in.attn, cache[l]);
+      b.attention(ctx, q, cache[l], in.attn, scale, attn);
+      b.linear(ctx, attn.reshaped({n_tokens, n_heads * hd}), a.o, y);
+      b.add(ctx, h, y, h);
 
-      b.rms_norm(ctx, h->view(), layer.post_attention_norm, float(c.rms_norm_eps), x->view());
-      run_ffn(b, layer.ffn, x->view(), y->view());
-      b.add(ctx, h->view(), y->view(), h->view());
+      b.rms_norm(ctx, h, layer.post_attention_norm, float(c.rms_norm_eps), x);
+      run_ffn(b, ctx, layer.ffn, x, y);
+      b.add(ctx, h, y, h);
     }
-    project_logits(b, io_, float(c.rms_norm_eps), h->view(), in.logit_rows, logits);
+    project_logits(b, ctx, io_, float(c.rms_norm_eps), h, in.logit_rows, logits);
   }
 
  private:
   ModelConfig config_;
-  std::unique_ptr<Checkpoint> checkpoint_;  // owns the mapping the CPU weights point into
+  std::unique_ptr<Checkpoint> checkpoint_;  // owns the mapping the CPU weights point into (null: dummy)
+  std::vector<std::unique_ptr<ops::Buffer>> storage_;  // weights the backend does not own
   ops::Backend& backend_;
   TokenIo io_;
   std::vector<Layer> layers_;
@@ -130,8 +139,9 @@ class GqaMoeModel : public Model {
 }  // namespace
 
 std::unique_ptr<Model> load_gqa_moe(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint,
-                                    ops::Backend& backend, const LoadOptions& options) {
-  return std::make_unique<GqaMoeModel>(std::move(config), std::move(checkpoint), backend, options);
+                                    const std::filesystem::path& dir, ops::Backend& backend,
+                                    const LoadOptions& options) {
+  return std::make_unique<GqaMoeModel>(std::move(config), std::move(checkpoint), dir, backend, options);
 }
 
 }  // namespace tetra::model

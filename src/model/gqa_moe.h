@@ -2,6 +2,7 @@
 // mixtral. One forward pass; the families differ only in config features and tensor names.
 #pragma once
 
+#include <filesystem>
 #include <memory>
 
 #include "formats/safetensors.h"
@@ -9,7 +10,9 @@
 
 namespace tetra::model {
 
+// checkpoint null: dummy weights (--load-format dummy) for the config in `dir`.
 std::unique_ptr<Model> load_gqa_moe(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint,
-                                    ops::Backend& backend, const LoadOptions& options);
+                                    const std::filesystem::path& dir, ops::Backend& backend,
+                                    const LoadOptions& options);
 
 }  // namespace tetra::model

@@ -1,4 +1,8 @@
-// load_model: reads the config, opens the checkpoint and hands both to the family's loader.
+// load_model: reads the config, opens the checkpoint (or not, for dummy weights), checks that
+// the weights fit the device, and hands both to the family's loader.
+#include <cmath>
+
+#include "formats/quant_config.h"
 #include "formats/safetensors.h"
 #include "model/gqa_moe.h"
 #include "model/mla_moe.h"
@@ -6,19 +10,43 @@
 
 namespace tetra::model {
 
+int64_t weight_bytes(const std::filesystem::path& dir, const ModelConfig& c, bool dummy) {
+  if (!dummy) return int64_t(Checkpoint::open(dir)->total_bytes());
+  // Dense weights in BF16; routed (and shared) experts NVFP4 when the quant config says so.
+  const ModelSizes sizes = model_sizes(c);
+  int64_t moe_layers = 0;
+  for (bool moe : c.layer_is_moe) moe_layers += moe ? 1 : 0;
+  const int64_t experts = c.n_routed_experts + c.n_shared_experts;
+  const int64_t expert_params = moe_layers * experts * 3 * c.hidden_size * c.moe_intermediate_size;
+  const auto quant = load_quant_config(dir);
+  const bool nvfp4 =
+      quant && is_nvfp4(quant->module_quant("model.layers.0.mlp.experts.0.gate_proj").algo);
+  const int64_t rest = std::max<int64_t>(0, sizes.params_total - expert_params);
+  return rest * 2 + (nvfp4 ? expert_params * 9 / 16 : expert_params * 2);
+}
+
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, ops::Backend& backend,
                                   const LoadOptions& options) {
   ModelConfig config = load_model_config(dir);
-  auto checkpoint = Checkpoint::open(dir);
+  std::unique_ptr<Checkpoint> checkpoint;
+  if (!options.dummy) checkpoint = Checkpoint::open(dir);
+  const ops::MemoryInfo mem = backend.memory_info();
+  if (mem.free_bytes > 0) {
+    const int64_t need = options.dummy ? weight_bytes(dir, config, true) : int64_t(checkpoint->total_bytes());
+    auto gib = [](int64_t b) { return std::round(double(b) / (1 << 30) * 10) / 10; };
+    TETRA_CHECK(need < mem.free_bytes, dir.string(), ": the weights need ", gib(need), " GiB but ",
+                backend.name(), " has ", gib(mem.free_bytes), " GiB free of ", gib(mem.total_bytes),
+                " (nothing was uploaded)");
+  }
   switch (config.family) {
     case ModelFamily::Qwen3Moe:
     case ModelFamily::Glm4Moe:
     case ModelFamily::Mixtral:
-      return load_gqa_moe(std::move(config), std::move(checkpoint), backend, options);
+      return load_gqa_moe(std::move(config), std::move(checkpoint), dir, backend, options);
     case ModelFamily::DeepseekV3:
     case ModelFamily::Glm4MoeLite:
     case ModelFamily::GlmMoeDsa:
-      return load_mla_moe(std::move(config), std::move(checkpoint), backend, options);
+      return load_mla_moe(std::move(config), std::move(checkpoint), dir, backend, options);
   }
   fail(dir.string(), ": unknown model family");
 }

@@ -40,11 +40,11 @@ struct Layer {
 
 class MlaMoeModel : public Model {
  public:
-  MlaMoeModel(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint, ops::Backend& backend,
-              const LoadOptions& options)
+  MlaMoeModel(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint, const std::filesystem::path& dir,
+              ops::Backend& backend, const LoadOptions& options)
       : config_(std::move(config)), checkpoint_(std::move(checkpoint)), backend_(backend) {
     const ModelConfig& c = config_;
-    WeightLoader loader(*checkpoint_, backend_, options);
+    WeightLoader loader(checkpoint_.get(), dir, backend_, options);
     const int64_t hidden = c.hidden_size, heads = c.n_heads;
     const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
     const FfnNames names{"mlp.", "gate", "experts.", "gate_proj", "up_proj", "down_proj", "shared_experts."};
@@ -79,7 +79,7 @@ class MlaMoeModel : public Model {
         ix.weights_proj = loader.linear(a + "indexer.weights_proj", c.index_n_heads, hidden, false);
         w.indexer = ix;
       }
-      layer.ffn = load_ffn(loader, backend_, c, l, names);
+      layer.ffn = load_ffn(loader, c, l, names);
       layers_.push_back(std::move(layer));
     }
     io_ = load_token_io(loader, c);
@@ -93,10 +93,18 @@ class MlaMoeModel : public Model {
       scale_ *= m * m;
     }
     stats_ = loader.stats();
+    storage_ = loader.take_storage();
+    backend_.synchronize();  // queued uploads read the mapping and the loader's buffers
   }
 
   const ModelConfig& config() const override { return config_; }
   LoadStats load_stats() const override { return stats_; }
+  std::vector<const ops::MoeExperts*> moe_experts() const override {
+    std::vector<const ops::MoeExperts*> out;
+    for (const Layer& l : layers_)
+      if (l.ffn.experts) out.push_back(l.ffn.experts.get());
+    return out;
+  }
 
   std::vector<KvLayerShape> kv_layout() const override {
     std::vector<KvLayerShape> layout;
@@ -106,11 +114,11 @@ class MlaMoeModel : public Model {
     return layout;
   }
 
-  void forward(const StepInputs& in, const std::vector<ops::KvCacheLayer>& cache,
-               TensorView logits) override {
+  void forward(const ops::Context& ctx, const StepInputs& in,
+               const std::vector<ops::KvCacheLayer>& cache, TensorView logits) override {
     const ModelConfig& c = config_;
     ops::Backend& b = backend_;
-    const auto& ctx = b.context();
+    ops::Arena& arena = *ctx.arena;
     const DType act = b.activation_dtype();
     const int64_t t = in.token_ids.numel(), hidden = c.hidden_size, heads = c.n_heads;
     const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
@@ -118,70 +126,70 @@ class MlaMoeModel : public Model {
     TETRA_CHECK(int64_t(cache.size()) == c.n_layers, "forward: the KV cache has ", cache.size(),
                 " layers, the model ", c.n_layers);
 
-    auto h = b.alloc(act, {t, hidden});
-    auto x = b.alloc(act, {t, hidden});
-    auto y = b.alloc(act, {t, hidden});
-    auto q_res = b.alloc(act, {t, std::max<int64_t>(1, c.q_lora_rank)});
-    auto q = b.alloc(act, {t, heads * qk});
-    auto q_nope = b.alloc(act, {t, heads, dn});
-    auto q_rope = b.alloc(act, {t, heads, dr});
-    auto ckv = b.alloc(act, {t, rank + dr});
-    auto latent = b.alloc(act, {t, rank});
-    auto k_rope = b.alloc(act, {t, 1, dr});
-    auto q_latent = b.alloc(act, {t, heads, rank});
-    auto o_latent = b.alloc(act, {t, heads, rank});
-    auto attn = b.alloc(act, {t, heads, dv});
-    std::unique_ptr<ops::Buffer> selected;
-    if (c.index_topk > 0) selected = b.alloc(DType::I32, {t, c.index_topk});
+    TensorView h = arena.alloc(act, {t, hidden});
+    TensorView x = arena.alloc(act, {t, hidden});
+    TensorView y = arena.alloc(act, {t, hidden});
+    TensorView q_res = arena.alloc(act, {t, std::max<int64_t>(1, c.q_lora_rank)});
+    TensorView q = arena.alloc(act, {t, heads * qk});
+    TensorView q_nope = arena.alloc(act, {t, heads, dn});
+    TensorView q_rope = arena.alloc(act, {t, heads, dr});
+    TensorView ckv = arena.alloc(act, {t, rank + dr});
+    TensorView latent = arena.alloc(act, {t, rank});
+    TensorView k_rope = arena.alloc(act, {t, 1, dr});
+    TensorView q_latent = arena.alloc(act, {t, heads, rank});
+    TensorView o_latent = arena.alloc(act, {t, heads, rank});
+    TensorView attn = arena.alloc(act, {t, heads, dv});
+    TensorView selected;
+    if (c.index_topk > 0) selected = arena.alloc(DType::I32, {t, c.index_topk});
 
-    b.embedding(ctx, io_.embed, in.token_ids, h->view());
+    b.embedding(ctx, io_.embed, in.token_ids, h);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
       const MlaWeights& w = layer.attn;
-      b.rms_norm(ctx, h->view(), layer.input_norm, float(c.rms_norm_eps), x->view());
+      b.rms_norm(ctx, h, layer.input_norm, float(c.rms_norm_eps), x);
       // Queries: [nope | rope] per head.
       if (w.q_a) {
-        b.linear(ctx, x->view(), *w.q_a, q_res->view());
-        b.rms_norm(ctx, q_res->view(), w.q_a_norm, kLatentNormEps, q_res->view());
-        b.linear(ctx, q_res->view(), w.q, q->view());
+        b.linear(ctx, x, *w.q_a, q_res);
+        b.rms_norm(ctx, q_res, w.q_a_norm, kLatentNormEps, q_res);
+        b.linear(ctx, q_res, w.q, q);
       } else {
-        b.linear(ctx, x->view(), w.q, q->view());
+        b.linear(ctx, x, w.q, q);
       }
-      const TensorView q_rows = q->view().reshaped({t * heads, qk});
-      b.copy_columns(ctx, q_rows, 0, q_nope->view().reshaped({t * heads, dn}), 0, dn);
-      b.copy_columns(ctx, q_rows, dn, q_rope->view().reshaped({t * heads, dr}), 0, dr);
-      b.rope(ctx, q_rope->view(), in.attn.positions, rope_.spec);
+      const TensorView q_rows = q.reshaped({t * heads, qk});
+      b.copy_columns(ctx, q_rows, 0, q_nope.reshaped({t * heads, dn}), 0, dn);
+      b.copy_columns(ctx, q_rows, dn, q_rope.reshaped({t * heads, dr}), 0, dr);
+      b.rope(ctx, q_rope, in.attn.positions, rope_.spec);
       // The cache entry: normalized latent, then the rotated rope key.
-      b.linear(ctx, x->view(), w.kv_a, ckv->view());
-      b.copy_columns(ctx, ckv->view(), 0, latent->view(), 0, rank);
-      b.copy_columns(ctx, ckv->view(), rank, k_rope->view().reshaped({t, dr}), 0, dr);
-      b.rms_norm(ctx, latent->view(), w.kv_a_norm, kLatentNormEps, latent->view());
-      b.rope(ctx, k_rope->view(), in.attn.positions, rope_.spec);
-      b.copy_columns(ctx, latent->view(), 0, ckv->view(), 0, rank);
-      b.copy_columns(ctx, k_rope->view().reshaped({t, dr}), 0, ckv->view(), rank, dr);
-      b.cache_write(ctx, ckv->view(), in.attn, cache[l].k);
+      b.linear(ctx, x, w.kv_a, ckv);
+      b.copy_columns(ctx, ckv, 0, latent, 0, rank);
+      b.copy_columns(ctx, ckv, rank, k_rope.reshaped({t, dr}), 0, dr);
+      b.rms_norm(ctx, latent, w.kv_a_norm, kLatentNormEps, latent);
+      b.rope(ctx, k_rope, in.attn.positions, rope_.spec);
+      b.copy_columns(ctx, latent, 0, ckv, 0, rank);
+      b.copy_columns(ctx, k_rope.reshaped({t, dr}), 0, ckv, rank, dr);
+      b.cache_write(ctx, ckv, in.attn, cache[l].k);
 
       TensorView chosen;
       if (w.indexer) {
-        run_indexer(*w.indexer, x->view(), q_res->view(), in, cache[l], selected->view());
-        chosen = selected->view();
+        run_indexer(ctx, *w.indexer, x, q_res, in, cache[l], selected);
+        chosen = selected;
       } else if (c.index_topk > 0 && l > 0) {
-        chosen = selected->view();  // a "shared" layer reuses the previous full layer's choice
+        chosen = selected;  // a "shared" layer reuses the previous full layer's choice
       }
       // Absorbed attention: q_nope through W_UK into the latent space, attend there, then
       // the latent result through W_UV.
-      b.head_linear(ctx, q_nope->view(), w.kv_b, dn + dv, 0, dn, true, q_latent->view());
-      b.mla_attention(ctx, q_latent->view(), q_rope->view(), cache[l], in.attn, float(scale_), chosen,
-                      o_latent->view());
-      b.head_linear(ctx, o_latent->view(), w.kv_b, dn + dv, dn, dv, false, attn->view());
-      b.linear(ctx, attn->view().reshaped({t, heads * dv}), w.o, y->view());
-      b.add(ctx, h->view(), y->view(), h->view());
+      b.head_linear(ctx, q_nope, w.kv_b, dn + dv, 0, dn, true, q_latent);
+      b.mla_attention(ctx, q_latent, q_rope, cache[l], in.attn, float(scale_), chosen,
+                      o_latent);
+      b.head_linear(ctx, o_latent, w.kv_b, dn + dv, dn, dv, false, attn);
+      b.linear(ctx, attn.reshaped({t, heads * dv}), w.o, y);
+      b.add(ctx, h, y, h);
 
-      b.rms_norm(ctx, h->view(), layer.post_attention_norm, float(c.rms_norm_eps), x->view());
-      run_ffn(b, layer.ffn, x->view(), y->view());
-      b.add(ctx, h->view(), y->view(), h->view());
+      b.rms_norm(ctx, h, layer.post_attention_norm, float(c.rms_norm_eps), x);
+      run_ffn(b, ctx, layer.ffn, x, y);
+      b.add(ctx, h, y, h);
     }
-    project_logits(b, io_, float(c.rms_norm_eps), h->view(), in.logit_rows, logits);
+    project_logits(b, ctx, io_, float(c.rms_norm_eps), h, in.logit_rows, logits);
   }
 
  private:
@@ -192,28 +200,29 @@ class MlaMoeModel : public Model {
 
   // The DSA indexer (FORMATS.md §2.3): scores every cached key of each token's sequence and
   // keeps the best index_topk.
-  void run_indexer(const Indexer& ix, TensorView x, TensorView q_res, const StepInputs& in,
-                   const ops::KvCacheLayer& cache, TensorView selected) {
+  void run_indexer(const ops::Context& ctx, const Indexer& ix, TensorView x, TensorView q_res,
+                   const StepInputs& in, const ops::KvCacheLayer& cache, TensorView selected) {
     const ModelConfig& c = config_;
     ops::Backend& b = backend_;
-    const auto& ctx = b.context();
+    ops::Arena& arena = *ctx.arena;
     const int64_t t = x.dim(0), hi = c.index_n_heads, di = c.index_head_dim;
-    auto q = b.alloc(b.activation_dtype(), {t, hi, di});
-    auto k = b.alloc(b.activation_dtype(), {t, 1, di});
-    auto weights = b.alloc(DType::F32, {t, hi});
-    b.linear(ctx, q_res, ix.wq_b, q->view().reshaped({t, hi * di}));
-    b.rope(ctx, q->view(), in.attn.positions, index_rope_);
-    b.linear(ctx, x, ix.wk, k->view().reshaped({t, di}));
-    b.layer_norm(ctx, k->view(), ix.k_norm_weight, ix.k_norm_bias, kLatentNormEps, k->view());
-    b.rope(ctx, k->view(), in.attn.positions, index_rope_);
-    b.cache_write(ctx, k->view().reshaped({t, di}), in.attn, cache.index_k);
-    b.linear(ctx, x, ix.weights_proj, weights->view());
-    b.dsa_select(ctx, q->view(), weights->view(), cache, in.attn, float(1.0 / std::sqrt(double(di))),
+    TensorView q = arena.alloc(b.activation_dtype(), {t, hi, di});
+    TensorView k = arena.alloc(b.activation_dtype(), {t, 1, di});
+    TensorView weights = arena.alloc(DType::F32, {t, hi});
+    b.linear(ctx, q_res, ix.wq_b, q.reshaped({t, hi * di}));
+    b.rope(ctx, q, in.attn.positions, index_rope_);
+    b.linear(ctx, x, ix.wk, k.reshaped({t, di}));
+    b.layer_norm(ctx, k, ix.k_norm_weight, ix.k_norm_bias, kLatentNormEps, k);
+    b.rope(ctx, k, in.attn.positions, index_rope_);
+    b.cache_write(ctx, k.reshaped({t, di}), in.attn, cache.index_k);
+    b.linear(ctx, x, ix.weights_proj, weights);
+    b.dsa_select(ctx, q, weights, cache, in.attn, float(1.0 / std::sqrt(double(di))),
                  float(1.0 / std::sqrt(double(hi))), selected);
   }
 
   ModelConfig config_;
-  std::unique_ptr<Checkpoint> checkpoint_;  // owns the mapping the CPU weights point into
+  std::unique_ptr<Checkpoint> checkpoint_;  // owns the mapping the CPU weights point into (null: dummy)
+  std::vector<std::unique_ptr<ops::Buffer>> storage_;  // weights the backend does not own
   ops::Backend& backend_;
   TokenIo io_;
   std::vector<Layer> layers_;
@@ -226,8 +235,9 @@ class MlaMoeModel : public Model {
 }  // namespace
 
 std::unique_ptr<Model> load_mla_moe(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint,
-                                    ops::Backend& backend, const LoadOptions& options) {
-  return std::make_unique<MlaMoeModel>(std::move(config), std::move(checkpoint), backend, options);
+                                    const std::filesystem::path& dir, ops::Backend& backend,
+                                    const LoadOptions& options) {
+  return std::make_unique<MlaMoeModel>(std::move(config), std::move(checkpoint), dir, backend, options);
 }
 
 }  // namespace tetra::model

@@ -3,6 +3,7 @@
 // indexer). The KV cache holds each token's compressed latent and rope key, not per-head K/V.
 #pragma once
 
+#include <filesystem>
 #include <memory>
 
 #include "formats/safetensors.h"
@@ -10,7 +11,9 @@
 
 namespace tetra::model {
 
+// checkpoint null: dummy weights (--load-format dummy) for the config in `dir`.
 std::unique_ptr<Model> load_mla_moe(ModelConfig config, std::unique_ptr<Checkpoint> checkpoint,
-                                    ops::Backend& backend, const LoadOptions& options);
+                                    const std::filesystem::path& dir, ops::Backend& backend,
+                                    const LoadOptions& options);
 
 }  // namespace tetra::model

@@ -37,7 +37,14 @@ struct LoadStats {
 struct LoadOptions {
   // Called after each tensor is checked and made available to the backend.
   std::function<void(const LoadStats&)> on_progress;
+  // --load-format dummy: random weights from config.json alone (no safetensors read), in the
+  // formats its quantization_config gives each module.
+  bool dummy = false;
 };
+
+// Bytes the weights of this folder take on a device: the checkpoint's tensors, or for dummy
+// weights what the config and its quantization config imply. For "does it fit" checks.
+int64_t weight_bytes(const std::filesystem::path& dir, const ModelConfig& config, bool dummy);
 
 class Model {
  public:
@@ -45,10 +52,13 @@ class Model {
   virtual const ModelConfig& config() const = 0;
   virtual std::vector<KvLayerShape> kv_layout() const = 0;
   // Runs every layer over the batch, writes its K/V to `cache` (one entry per layer) and the
-  // logits of the selected rows to `logits` (F32 [R, vocab]).
-  virtual void forward(const StepInputs& in, const std::vector<ops::KvCacheLayer>& cache,
-                       TensorView logits) = 0;
+  // logits of the selected rows to `logits` (F32 [R, vocab]). Scratch comes from ctx.arena,
+  // which the caller resets before the call; ops run on ctx's stream.
+  virtual void forward(const ops::Context& ctx, const StepInputs& in,
+                       const std::vector<ops::KvCacheLayer>& cache, TensorView logits) = 0;
   virtual LoadStats load_stats() const = 0;
+  // The routed experts of every MoE layer (for the backend's warm-up).
+  virtual std::vector<const ops::MoeExperts*> moe_experts() const = 0;
 };
 
 // Loads DIR (config.json + safetensors) for `backend`; every tensor is checked against the

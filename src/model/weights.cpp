@@ -3,10 +3,30 @@
 #include "formats/linear_tensors.h"
 
 namespace tetra::model {
+namespace {
 
-WeightLoader::WeightLoader(const Checkpoint& checkpoint, ops::Backend& backend,
-                           const LoadOptions& options)
-    : checkpoint_(checkpoint), quant_(load_quant_config(checkpoint.dir())), backend_(backend),
+// Each dummy tensor's values depend on its name alone, so loading order and backend do not
+// change a dummy model (FNV-1a of the name).
+uint64_t seed_of(const std::string& name) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+ops::WeightFormat format_of_algo(QuantAlgo algo) {
+  switch (algo) {
+    case QuantAlgo::Nvfp4:
+    case QuantAlgo::W4a16Nvfp4: return ops::WeightFormat::Nvfp4;
+    case QuantAlgo::Fp8: return ops::WeightFormat::Fp8;
+    default: return ops::WeightFormat::Dense;
+  }
+}
+
+}  // namespace
+
+WeightLoader::WeightLoader(const Checkpoint* checkpoint, const std::filesystem::path& dir,
+                           ops::Backend& backend, const LoadOptions& options)
+    : checkpoint_(checkpoint), dir_(dir), quant_(load_quant_config(dir)), backend_(backend),
       options_(options) {}
 
 void WeightLoader::count(const TensorView& t) {
@@ -16,49 +36,109 @@ void WeightLoader::count(const TensorView& t) {
 }
 
 TensorView WeightLoader::take(const std::string& name, DType dtype, Shape shape) {
-  TensorView t = checkpoint_.get(name, dtype, shape);
+  TensorView t = checkpoint_->get(name, dtype, shape);
   count(t);
   return backend_.upload(t);
 }
 
+TensorView WeightLoader::random(const std::string& name, DType dtype, Shape shape,
+                                const ops::RandomFill& fill) {
+  storage_.push_back(backend_.random_tensor(dtype, shape, fill, seed_of(name)));
+  const TensorView t = storage_.back()->view();
+  count(t);
+  return t;
+}
+
+ops::WeightFormat WeightLoader::format_of(const std::string& module) const {
+  return format_of_algo(quant_ ? quant_->module_quant(module).algo : QuantAlgo::None);
+}
+
 TensorView WeightLoader::floats(const std::string& name, Shape shape) {
-  const TensorInfo* info = checkpoint_.find(name);
-  if (!info) checkpoint_.get(name);  // throws: names the folder and the tensor
+  if (dummy()) {
+    const bool norm = name.find("norm") != std::string::npos;
+    return random(name, DType::BF16, shape,
+                  {.kind = norm ? ops::RandomFill::NearOne : ops::RandomFill::Normal});
+  }
+  const TensorInfo* info = checkpoint_->find(name);
+  if (!info) checkpoint_->get(name);  // throws: names the folder and the tensor
   const DType dt = info->dtype;
   if (dt != DType::BF16 && dt != DType::F16 && dt != DType::F32)
-    fail(checkpoint_.file_of(name).string(), ": tensor ", name, " is ", dtype_name(dt),
+    fail(checkpoint_->file_of(name).string(), ": tensor ", name, " is ", dtype_name(dt),
          ", expected BF16, F16 or F32");
   return take(name, dt, shape);
 }
 
-ops::LinearWeight WeightLoader::linear(const std::string& module, int64_t n_out, int64_t n_in,
-                                       bool with_bias) {
-  const LinearTensors t = load_linear(checkpoint_, quant_ ? &*quant_ : nullptr, module, n_out, n_in);
+TensorView WeightLoader::floats_f32(const std::string& name, Shape shape) {
+  if (dummy()) return random(name, DType::F32, shape, {});
+  const TensorView stored = checkpoint_->find(name) ? checkpoint_->get(name) : TensorView{};
+  if (stored.empty() || stored.dtype == DType::F32) return floats(name, shape);
+  const TensorView host = checkpoint_->get(name, stored.dtype, shape);  // checks the shape
+  TETRA_CHECK(host.dtype == DType::BF16 || host.dtype == DType::F16,
+              checkpoint_->file_of(name).string(), ": tensor ", name, " is ", dtype_name(host.dtype),
+              ", expected BF16, F16 or F32");
+  auto f32 = backend_.alloc_host(host.numel() * 4);
+  float* dst = f32->view().as<float>();
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    const uint16_t v = host.as<const uint16_t>()[i];
+    dst[i] = host.dtype == DType::BF16 ? bf16_to_f32(v) : f16_to_f32(v);
+  }
+  count(host);
+  const TensorView view = backend_.upload(TensorView{dst, DType::F32, shape, Device::Cpu});
+  storage_.push_back(std::move(f32));  // the upload may still be reading it
+  return view;
+}
+
+ops::LinearWeight WeightLoader::host_linear(const std::string& module, int64_t n_out, int64_t n_in,
+                                            bool with_bias) {
+  const LinearTensors t = load_linear(*checkpoint_, quant_ ? &*quant_ : nullptr, module, n_out, n_in);
   if (with_bias && t.bias.empty())
-    fail(checkpoint_.file_of(module + ".weight").string(), ": ", module,
+    fail(checkpoint_->file_of(module + ".weight").string(), ": ", module,
          " needs a bias (the config says attention_bias) but ", module, ".bias is missing");
   ops::LinearWeight w;
   w.n_out = n_out;
   w.n_in = n_in;
-  switch (t.algo) {
-    case QuantAlgo::Nvfp4:
-    case QuantAlgo::W4a16Nvfp4: w.format = ops::WeightFormat::Nvfp4; break;
-    case QuantAlgo::Fp8: w.format = ops::WeightFormat::Fp8; break;
-    default: w.format = ops::WeightFormat::Dense; break;
-  }
-  count(t.weight);
-  w.weight = backend_.upload(t.weight);
-  if (!t.block_scale.empty()) {
-    count(t.block_scale);
-    w.block_scale = backend_.upload(t.block_scale);
-  }
+  w.format = format_of_algo(t.algo);
+  w.weight = t.weight;
+  w.block_scale = t.block_scale;
   w.global_scale = t.global_scale;
   w.input_scale = t.input_scale;
-  if (with_bias) {
-    count(t.bias);
-    w.bias = backend_.upload(t.bias);
-  }
+  if (with_bias) w.bias = t.bias;
+  count(w.weight);
+  if (!w.block_scale.empty()) count(w.block_scale);
+  if (!w.bias.empty()) count(w.bias);
   return w;
+}
+
+ops::LinearWeight WeightLoader::linear(const std::string& module, int64_t n_out, int64_t n_in,
+                                       bool with_bias) {
+  if (!dummy()) return backend_.upload(host_linear(module, n_out, n_in, with_bias));
+  ops::LinearWeight w;
+  w.n_out = n_out;
+  w.n_in = n_in;
+  w.format = format_of(module);
+  switch (w.format) {
+    case ops::WeightFormat::Dense:
+      w.weight = random(module + ".weight", DType::BF16, {n_out, n_in}, {});
+      break;
+    case ops::WeightFormat::Nvfp4:
+      TETRA_CHECK(n_in % 16 == 0, module, ": an NVFP4 weight needs a width that is a multiple of 16, not ", n_in);
+      w.weight = random(module + ".weight", DType::U8, {n_out, n_in / 2}, {.kind = ops::RandomFill::Bytes});
+      w.block_scale = random(module + ".weight_scale", DType::F8_E4M3, {n_out, n_in / 16},
+                             {.kind = ops::RandomFill::Bytes, .lo = ops::kDummyNvfp4ScaleLo,
+                              .span = ops::kDummyNvfp4ScaleSpan});
+      w.global_scale = ops::kDummyNvfp4GlobalScale;
+      break;
+    case ops::WeightFormat::Fp8:
+      fail(module, ": --load-format dummy does not draw FP8 weights");
+  }
+  if (with_bias) w.bias = random(module + ".bias", DType::BF16, {n_out}, {});
+  return w;
+}
+
+ops::MlpWeights WeightLoader::host_mlp(const std::string& prefix, const char* gate, const char* up,
+                                       const char* down, int64_t hidden, int64_t inter) {
+  return {host_linear(prefix + gate, inter, hidden, false), host_linear(prefix + up, inter, hidden, false),
+          host_linear(prefix + down, hidden, inter, false)};
 }
 
 ops::MlpWeights WeightLoader::mlp(const std::string& prefix, const char* gate, const char* up,
@@ -68,6 +148,39 @@ ops::MlpWeights WeightLoader::mlp(const std::string& prefix, const char* gate, c
   m.up = linear(prefix + up, inter, hidden, false);
   m.down = linear(prefix + down, hidden, inter, false);
   return m;
+}
+
+std::unique_ptr<ops::MoeExperts> WeightLoader::experts(const std::string& prefix, int64_t n_experts,
+                                                       const char* gate, const char* up,
+                                                       const char* down, int64_t hidden, int64_t inter,
+                                                       const std::string* shared_prefix,
+                                                       int64_t shared_inter) {
+  if (dummy()) {
+    const ops::WeightFormat format = format_of(prefix + "0." + gate);
+    TETRA_CHECK(format != ops::WeightFormat::Fp8, prefix, ": --load-format dummy does not draw FP8 experts");
+    TETRA_CHECK(format_of(prefix + "0." + down) == format, prefix, ": --load-format dummy draws experts whose ",
+                "matrices share one format; the quantization config gives their down projections another");
+    // A shared expert of another width than the routed ones is drawn as a plain MLP by the caller.
+    const bool fused_shared = shared_prefix && shared_inter == inter;
+    TETRA_CHECK(!shared_prefix || fused_shared, prefix, ": --load-format dummy draws a shared expert only ",
+                "of the routed experts' width (", inter, "), not ", shared_inter);
+    const ops::ExpertsSpec spec{.hidden = hidden, .intermediate = inter, .n_experts = int(n_experts),
+                                .format = format, .shared_expert = fused_shared};
+    auto ex = backend_.random_experts(spec, seed_of(prefix));
+    const int64_t per_expert =
+        format == ops::WeightFormat::Nvfp4 ? 3 * hidden * inter * 9 / 16 : 3 * hidden * inter * 2;
+    stats_.tensors += (n_experts + (fused_shared ? 1 : 0)) * 3;
+    stats_.bytes += (n_experts + (fused_shared ? 1 : 0)) * per_expert;
+    if (options_.on_progress) options_.on_progress(stats_);
+    return ex;
+  }
+  std::vector<ops::MlpWeights> host;
+  host.reserve(size_t(n_experts));
+  for (int64_t e = 0; e < n_experts; ++e)
+    host.push_back(host_mlp(prefix + std::to_string(e) + ".", gate, up, down, hidden, inter));
+  std::optional<ops::MlpWeights> shared;
+  if (shared_prefix) shared = host_mlp(*shared_prefix, gate, up, down, hidden, shared_inter);
+  return backend_.prepare_experts(host, shared ? &*shared : nullptr);
 }
 
 }  // namespace tetra::model

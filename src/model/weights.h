@@ -1,10 +1,13 @@
 // Reads a model's tensors from its checkpoint with the checks the config implies, and hands
-// them to the backend. Knows checkpoint naming conventions, not any one family's layout.
+// them to the backend; or, for --load-format dummy, draws them at random in the shapes and
+// formats the config implies. Knows checkpoint naming conventions, not any one family's layout.
 #pragma once
 
-#include <string>
-
+#include <filesystem>
+#include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "formats/quant_config.h"
 #include "formats/safetensors.h"
@@ -15,30 +18,53 @@ namespace tetra::model {
 
 class WeightLoader {
  public:
-  WeightLoader(const Checkpoint& checkpoint, ops::Backend& backend, const LoadOptions& options);
+  // checkpoint null: dummy weights (the folder's quant config still says which modules are
+  // NVFP4).
+  WeightLoader(const Checkpoint* checkpoint, const std::filesystem::path& dir, ops::Backend& backend,
+               const LoadOptions& options);
 
-  bool has(const std::string& name) const { return checkpoint_.has(name); }
+  bool dummy() const { return checkpoint_ == nullptr; }
+  // Dummy weights have no optional tensors.
+  bool has(const std::string& name) const { return checkpoint_ && checkpoint_->has(name); }
   // A linear layer `<module>.weight` [n_out, n_in] in the format the checkpoint's quant
   // config gives the module: BF16/F16/F32, NVFP4 (U8 codes + weight_scale + weight_scale_2)
   // or FP8 per-tensor; `<module>.bias` [n_out] required when with_bias.
   ops::LinearWeight linear(const std::string& module, int64_t n_out, int64_t n_in, bool with_bias);
   // A float tensor (BF16/F16/F32) of exactly this shape.
   TensorView floats(const std::string& name, Shape shape);
-  // The same, F32 only (router biases are kept in fp32).
+  // The same, converted to F32 where it is stored narrower (router biases, which transformers
+  // keeps in fp32 whatever the checkpoint stores).
+  TensorView floats_f32(const std::string& name, Shape shape);
   ops::MlpWeights mlp(const std::string& prefix, const char* gate, const char* up, const char* down,
                       int64_t hidden, int64_t inter);
+  // One layer's routed experts `<prefix><e>.` (and a shared expert `shared_prefix` of width
+  // shared_inter when given), prepared by the backend straight from the checkpoint's mapping.
+  std::unique_ptr<ops::MoeExperts> experts(const std::string& prefix, int64_t n_experts,
+                                           const char* gate, const char* up, const char* down,
+                                           int64_t hidden, int64_t inter,
+                                           const std::string* shared_prefix, int64_t shared_inter);
 
   const LoadStats& stats() const { return stats_; }
+  // Buffers the weights live in where the backend does not own them (dummy weights,
+  // converted tensors): the model keeps them as long as it keeps the weights.
+  std::vector<std::unique_ptr<ops::Buffer>> take_storage() { return std::move(storage_); }
 
  private:
   TensorView take(const std::string& name, DType dtype, Shape shape);
+  TensorView random(const std::string& name, DType dtype, Shape shape, const ops::RandomFill& fill);
+  ops::LinearWeight host_linear(const std::string& module, int64_t n_out, int64_t n_in, bool with_bias);
+  ops::MlpWeights host_mlp(const std::string& prefix, const char* gate, const char* up, const char* down,
+                           int64_t hidden, int64_t inter);
+  ops::WeightFormat format_of(const std::string& module) const;
   void count(const TensorView& t);
 
-  const Checkpoint& checkpoint_;
+  const Checkpoint* checkpoint_;
+  std::filesystem::path dir_;
   std::optional<QuantConfig> quant_;  // nullopt: a BF16 checkpoint
   ops::Backend& backend_;
   const LoadOptions& options_;
   LoadStats stats_;
+  std::vector<std::unique_ptr<ops::Buffer>> storage_;
 };
 
 }  // namespace tetra::model

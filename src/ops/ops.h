@@ -4,12 +4,17 @@
 //
 // Conventions
 // - Activations are row-major [T, ...] with one row per token of the batch (T = sum of the
-//   tokens every sequence contributes this step). The CPU backend keeps them in F32.
+//   tokens every sequence contributes this step).
+// - Dtype contracts: activations are in the backend's activation_dtype() (F32 on the CPU,
+//   BF16 on CUDA). `linear` may also write F32 (router logits, lm_head). Router logits and
+//   route's weights are F32; ids are I32. Norms, rope and softmax compute in F32 inside
+//   whatever they store. The KV cache has a dtype of its own, kv_dtype().
 // - Weights stay in their stored dtype (BF16, F16, F32, NVFP4, FP8) and are decoded inside
 //   the op; a backend never expands a whole layer to a wider type.
 // - Tensors passed to an op live on the backend's device. Nothing inside an op waits on the
 //   host: metadata (positions, slots, block tables) is uploaded once per step by the caller.
-// - Every op takes an explicit Context (stream, thread pool, workspace, device properties).
+// - Every op takes an explicit Context (stream, thread pool, step arena, device properties),
+//   passed down by the caller; ops never read the environment or query the device.
 #pragma once
 
 #include <cstdint>
@@ -36,11 +41,14 @@ struct Workspace {
   int64_t bytes = 0;
 };
 
+class Arena;
+
 // What an op may use besides its arguments. Passed explicitly; there are no globals.
 struct Context {
   void* stream = nullptr;          // cudaStream_t on the CUDA backend, null on the CPU
   ThreadPool* pool = nullptr;      // worker threads of the CPU backend
-  Workspace workspace;
+  Arena* arena = nullptr;          // this step's scratch: models and ops take buffers here
+  Workspace workspace;             // raw kernel entry points only (benchmarks); ops use arena
   const DeviceProps* props = nullptr;
 };
 
@@ -87,15 +95,21 @@ class MoeExperts {
   virtual int64_t n_experts() const = 0;
 };
 
-// Where a batch's tokens sit and which cache slots they read and write.
+// Where a batch's tokens sit and which cache slots they read and write. Token t of sequence
+// s attends to the cached keys at positions 0 .. positions[t] of s (the step's own keys are
+// written first, so prefix-cached context, prompt chunks and decodes read one layout).
 struct AttentionBatch {
   int n_tokens = 0;
   int n_seqs = 0;
   int block_size = 0;           // tokens per KV block
-  int max_blocks_per_seq = 0;   // row length of block_tables
+  int max_blocks_per_seq = 0;   // row length of block_tables (fixed: the longest context)
+  int max_query_len = 0;        // host copies of the batch's extremes, for planning grids
+  int max_seq_len = 0;
   TensorView positions;         // I32 [T]: position of each token in its sequence
-  TensorView slot_mapping;      // I32 [T]: cache slot (block * block_size + offset) it writes
+  TensorView slot_mapping;      // I32 [T]: cache slot (block * block_size + offset) it writes;
+                                // -1 for padding tokens, which write nothing
   TensorView seq_starts;        // I32 [S+1]: tokens [seq_starts[s], seq_starts[s+1]) are sequence s
+  TensorView seq_lens;          // I32 [S]: tokens of s in the cache once this step is written
   TensorView block_tables;      // I32 [S, max_blocks_per_seq]: the KV blocks of each sequence
 };
 
@@ -115,6 +129,69 @@ struct RopeSpec {
   bool interleaved = false;       // pairs (2i, 2i+1) (GPT-J) instead of (i, i + rotary_dim/2)
 };
 
+// How one row of logits becomes a token (Backend::sample). Every backend draws the same way
+// (the rule is written out in ops/cpu/sampling.h, the reference): penalties, then greedy or
+// temperature over the tokens that survive top-k and top-p, with one uniform from
+// Philox4x32-10 keyed by `seed` at counter `position`, so a token depends on its sequence
+// alone, never on the batch around it or on earlier draws.
+struct SamplingRow {
+  float temperature = 0.0f;    // 0: greedy (the first maximum)
+  float top_p = 1.0f;          // (0, 1]
+  int32_t top_k = 0;           // 0: every token
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int32_t n_top_logprobs = 0;  // 0 .. kMaxTopLogprobs alternatives reported
+  int32_t penalty_begin = 0;   // this row's entries of the penalty lists
+  int32_t penalty_count = 0;
+  uint64_t seed = 0;
+  int64_t position = 0;        // the index in its sequence of the token being drawn
+};
+static_assert(sizeof(SamplingRow) == 48, "SamplingRow is uploaded as raw bytes");
+
+inline constexpr int kMaxTopLogprobs = 20;
+
+// What Backend::sample writes per row. Log-probs are natural logs under the model's own
+// distribution (log_softmax of the raw logits, before penalties and temperature).
+struct SampledToken {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  int32_t n_top = 0;                   // entries of top_* in use, best first
+  int32_t pad = 0;
+  int32_t top_ids[kMaxTopLogprobs] = {};
+  float top_logprobs[kMaxTopLogprobs] = {};
+};
+static_assert(sizeof(SampledToken) == 176, "SampledToken is downloaded as raw bytes");
+
+// Memory of the backend's device: free and total bytes (0 when unknown, as on the CPU).
+struct MemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
+// How a dummy weight is drawn (--load-format dummy): never zeros.
+struct RandomFill {
+  enum Kind : uint8_t {
+    Normal,      // N(0, scale^2): weights
+    NearOne,     // 1 + N(0, scale^2): norm weights
+    Bytes,       // bytes uniform in [lo, lo + span): NVFP4 codes and E4M3 scales
+  } kind = Normal;
+  float scale = 0.02f;
+  int lo = 0, span = 256;
+};
+
+// Dummy NVFP4 weights: random codes, E4M3 block scales in [0.5, 0.94] (bytes 0x30..0x37) and
+// this global scale give weights of standard deviation about 0.02, as a trained layer has.
+inline constexpr int kDummyNvfp4ScaleLo = 0x30, kDummyNvfp4ScaleSpan = 8;
+inline constexpr float kDummyNvfp4GlobalScale = 0.0095f;
+
+// The routed experts of one MoE layer, described without their weights (dummy loading).
+struct ExpertsSpec {
+  int64_t hidden = 0, intermediate = 0;
+  int n_experts = 0;
+  WeightFormat format = WeightFormat::Dense;
+  bool shared_expert = false;  // one more expert of the same shape that every token uses
+};
+
 // An owning device buffer.
 class Buffer {
  public:
@@ -128,20 +205,41 @@ class Backend {
 
   virtual Device device() const = 0;
   virtual std::string name() const = 0;
+  // The backend's default context (its stream, pool and properties; no arena). Callers copy
+  // it, set the arena and pass the copy down.
   virtual Context& context() = 0;
-  // The element type the backend keeps activations in.
+  // The element type the backend keeps activations in, and the one of its KV cache.
   virtual DType activation_dtype() const = 0;
+  virtual DType kv_dtype() const = 0;
 
   // ---- memory ----
   virtual std::unique_ptr<Buffer> alloc(DType dtype, Shape shape) = 0;
+  // Host memory the device copies from and to without staging (pinned on CUDA).
+  virtual std::unique_ptr<Buffer> alloc_host(int64_t bytes) = 0;
   virtual void copy_from_host(TensorView dst, const void* src) = 0;
+  // Ordered on ctx's stream; `src` must stay unchanged until the stream has passed the copy.
+  virtual void copy_from_host_async(const Context& ctx, TensorView dst, const void* src) = 0;
   virtual void copy_to_host(void* dst, TensorView src) = 0;
   virtual void fill_zero(TensorView dst) = 0;
+  virtual MemoryInfo memory_info() const = 0;
   // Makes a checkpoint weight (host view, usually mmap'd) usable by this backend's ops. The
-  // result stays valid while the backend and the source mapping live.
+  // result stays valid while the backend and the source mapping live. Uploads may be queued:
+  // synchronize() before the host memory goes away.
   virtual LinearWeight upload(const LinearWeight& host) = 0;
   virtual TensorView upload(TensorView host) = 0;
-  virtual std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts) = 0;
+  // Packs one layer's routed experts (host views of the checkpoint: read straight from the
+  // mapping, never uploaded first) and its optional shared expert for moe_experts.
+  virtual std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts,
+                                                      const MlpWeights* shared) = 0;
+  // Dummy weights (--load-format dummy), drawn on the device from `seed`.
+  virtual std::unique_ptr<Buffer> random_tensor(DType dtype, Shape shape, const RandomFill& fill,
+                                                uint64_t seed) = 0;
+  virtual std::unique_ptr<MoeExperts> random_experts(const ExpertsSpec& spec, uint64_t seed) = 0;
+  // Before serving (after the weights, before the measuring pass): tunes what the backend
+  // tunes, e.g. the MoE tiles of every expert shape for token counts up to max_tokens. Ops
+  // never tune inside a forward.
+  virtual void warm_up(const Context& ctx, const std::vector<const MoeExperts*>& experts, int top_k,
+                       int64_t max_tokens) = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() = 0;
 
@@ -200,13 +298,63 @@ class Backend {
   // ids I32 [T, top_k], weights F32 [T, top_k].
   virtual void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
                      TensorView weights) = 0;
-  // out [T, H] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]).
+  // out [T, H] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) (+ shared(x[t]) when the
+  // experts were prepared with a shared expert).
   virtual void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
                            const MoeExperts& experts, TensorView out) = 0;
   // out [R, D] = x[rows[r]] for rows I32 [R].
   virtual void gather_rows(const Context& ctx, TensorView x, TensorView rows, TensorView out) = 0;
+  // One token per row of logits F32 [R, V]: rows U8 [R * sizeof(SamplingRow)] (SamplingRow
+  // records), penalty_ids / penalty_counts I32 [P] (for each row, its generated tokens and
+  // how often each came, at [penalty_begin, penalty_begin + penalty_count)), out U8
+  // [R * sizeof(SampledToken)].
+  virtual void sample(const Context& ctx, TensorView logits, TensorView rows,
+                      TensorView penalty_ids, TensorView penalty_counts, TensorView out) = 0;
+};
+
+// Scratch for one step: a bump allocator over the backend's memory. The caller resets it
+// before each forward; everything handed out is then free again. Until frozen it grows (a new
+// chunk when the current one is full; at the next reset one chunk of the peak replaces them),
+// so a measuring pass at the largest step sizes it; frozen, its buffer never moves and a step
+// that needs more is an error.
+class Arena {
+ public:
+  explicit Arena(Backend& backend) : backend_(backend) {}
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  TensorView alloc(DType dtype, Shape shape);
+  void reset();
+  void freeze();
+  bool frozen() const { return frozen_; }
+  int64_t used_bytes() const { return used_; }
+  int64_t peak_bytes() const { return peak_; }
+  int64_t capacity_bytes() const;
+
+ private:
+  Backend& backend_;
+  std::vector<std::unique_ptr<Buffer>> chunks_;
+  int64_t offset_ = 0;  // in the last chunk
+  int64_t used_ = 0;    // this step, over all chunks
+  int64_t peak_ = 0;
+  bool frozen_ = false;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0);
+
+// The backend a command runs on (--device): "cpu", "cuda", or "auto" (cuda where a GPU
+// answers, else cpu).
+struct BackendOptions {
+  std::string device = "auto";
+  int n_threads = 0;             // CPU worker threads (0: every core)
+  int device_index = 0;          // CUDA device
+  std::string moe_tune_cache;    // the MoE tuning cache file ("" keeps tunings in memory)
+  bool moe_autotune = true;      // time the MoE tiles at warm-up (else the heuristic decides)
+};
+// Throws one sentence when the device asked for is not there (e.g. cuda without a GPU or
+// in a build without CUDA).
+std::unique_ptr<Backend> make_backend(const BackendOptions& options);
+// True when this build has the CUDA backend and a CUDA device answers.
+bool cuda_device_available();
 
 }  // namespace tetra::ops

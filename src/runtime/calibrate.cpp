@@ -11,7 +11,7 @@
 #include "model/model.h"
 #include "ops/ops.h"
 #include "runtime/kv_cache.h"
-#include "runtime/step_builder.h"
+#include "runtime/step_runner.h"
 
 namespace tetra::runtime {
 namespace {
@@ -68,16 +68,36 @@ class CalibratingBackend : public Backend {
   std::string name() const override { return in_->name() + " (calibrating)"; }
   Context& context() override { return in_->context(); }
   DType activation_dtype() const override { return in_->activation_dtype(); }
+  DType kv_dtype() const override { return in_->kv_dtype(); }
   std::unique_ptr<ops::Buffer> alloc(DType dtype, Shape shape) override {
     return in_->alloc(dtype, shape);
   }
+  std::unique_ptr<ops::Buffer> alloc_host(int64_t bytes) override { return in_->alloc_host(bytes); }
   void copy_from_host(TensorView dst, const void* src) override { in_->copy_from_host(dst, src); }
+  void copy_from_host_async(const Context& c, TensorView dst, const void* src) override {
+    in_->copy_from_host_async(c, dst, src);
+  }
   void copy_to_host(void* dst, TensorView src) override { in_->copy_to_host(dst, src); }
   void fill_zero(TensorView dst) override { in_->fill_zero(dst); }
+  ops::MemoryInfo memory_info() const override { return in_->memory_info(); }
   LinearWeight upload(const LinearWeight& host) override { return in_->upload(host); }
   TensorView upload(TensorView host) override { return in_->upload(host); }
-  std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts) override {
-    return std::make_unique<CalibExperts>(in_->prepare_experts(experts), experts);
+  std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts,
+                                              const MlpWeights* shared) override {
+    // The shared expert sees every token, as ModelOpt calibrates it: one more expert here.
+    std::vector<MlpWeights> all = experts;
+    if (shared) all.push_back(*shared);
+    return std::make_unique<CalibExperts>(in_->prepare_experts(experts, shared), std::move(all));
+  }
+  std::unique_ptr<ops::Buffer> random_tensor(DType, Shape, const ops::RandomFill&, uint64_t) override {
+    fail("calibration reads a checkpoint; it cannot run on dummy weights");
+  }
+  std::unique_ptr<MoeExperts> random_experts(const ops::ExpertsSpec&, uint64_t) override {
+    fail("calibration reads a checkpoint; it cannot run on dummy weights");
+  }
+  void warm_up(const Context& c, const std::vector<const MoeExperts*>& experts, int top_k,
+               int64_t max_tokens) override {
+    in_->warm_up(c, experts, top_k, max_tokens);
   }
   void synchronize() override { in_->synchronize(); }
 
@@ -148,17 +168,21 @@ class CalibratingBackend : public Backend {
     for (const MlpWeights& e : ce.weights()) {
       record(e.gate, x_amax);
       record(e.up, x_amax);
-      auto g = in_->alloc(in_->activation_dtype(), {n_tokens, e.gate.n_out});
-      auto u = in_->alloc(in_->activation_dtype(), {n_tokens, e.up.n_out});
-      in_->linear(c, x, e.gate, g->view());
-      in_->linear(c, x, e.up, u->view());
-      in_->silu_mul(c, g->view(), u->view(), g->view());
-      record(e.down, activation_amax(*in_, g->view()));
+      const TensorView g = c.arena->alloc(in_->activation_dtype(), {n_tokens, e.gate.n_out});
+      const TensorView u = c.arena->alloc(in_->activation_dtype(), {n_tokens, e.up.n_out});
+      in_->linear(c, x, e.gate, g);
+      in_->linear(c, x, e.up, u);
+      in_->silu_mul(c, g, u, g);
+      record(e.down, activation_amax(*in_, g));
     }
     in_->moe_experts(c, x, ids, weights, ce.inner(), out);
   }
   void gather_rows(const Context& c, TensorView x, TensorView rows, TensorView out) override {
     in_->gather_rows(c, x, rows, out);
+  }
+  void sample(const Context& c, TensorView logits, TensorView rows, TensorView ids,
+              TensorView counts, TensorView out) override {
+    in_->sample(c, logits, rows, ids, counts, out);
   }
 
  private:
@@ -240,16 +264,18 @@ std::map<std::string, float> calibrate_input_amax(const fs::path& model_dir,
   const int block_size = 16;
   const int64_t n = int64_t(tokens.size());
   auto logits = backend.alloc(DType::F32, {1, c.vocab_size});
+  const int64_t max_blocks = (std::min(window, n) + block_size - 1) / block_size;
+  StepRunner runner(*model, backend, block_size,
+                    {.max_tokens = std::min(window, n), .max_seqs = 1, .max_blocks_per_seq = max_blocks});
   for (int64_t w0 = 0; w0 < n; w0 += window) {
     const int64_t len = std::min(window, n - w0);
     const int64_t n_blocks = (len + block_size - 1) / block_size;
     KvCache cache(backend, model->kv_layout(), block_size, n_blocks);
     std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
     for (int64_t b = 0; b < n_blocks; ++b) blocks[size_t(b)] = int32_t(b);
-    StepBuilder builder(backend, block_size);
     const std::span<const int32_t> win(tokens.data() + w0, size_t(len));
-    model->forward(builder.build({SeqChunk{.tokens = win, .start_position = 0, .blocks = blocks}}),
-                   cache.layers(), logits->view());
+    runner.forward({SeqChunk{.tokens = win, .start_position = 0, .blocks = blocks}}, cache.layers(),
+                   logits->view());
     if (options.on_progress) options.on_progress(w0 + len, n);
   }
   const AddressNames names(model_dir);

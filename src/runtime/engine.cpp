@@ -12,6 +12,7 @@
 #include "runtime/kv_cache.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
+#include "runtime/sampler.h"
 #include "runtime/step_builder.h"
 
 namespace tetra::runtime {
@@ -29,17 +30,7 @@ const char* finish_reason_name(FinishReason r) {
 
 namespace {
 
-constexpr int kMaxTopLogprobs = 20;
-
-int64_t pool_blocks(const model::Model& model, const ops::Backend& backend, const EngineConfig& c) {
-  if (c.kv_blocks > 0) return c.kv_blocks;
-  const int64_t per_block =
-      kv_bytes_per_block(model.kv_layout(), c.block_size, backend.activation_dtype());
-  const int64_t n = per_block > 0 ? c.kv_memory_bytes / per_block : 0;
-  TETRA_CHECK(n > 0, "kv_memory_bytes (", c.kv_memory_bytes, ") is less than one KV block of ",
-              per_block, " bytes");
-  return n;
-}
+constexpr int kMaxTopLogprobs = ops::kMaxTopLogprobs;
 
 void check_config(const EngineConfig& c, const ModelConfig& m) {
   TETRA_CHECK(c.block_size > 0 && c.block_size <= 1024, "block_size must be in [1, 1024], not ",
@@ -48,26 +39,11 @@ void check_config(const EngineConfig& c, const ModelConfig& m) {
   TETRA_CHECK(c.max_queued_requests >= 0, "max_queued_requests cannot be negative");
   TETRA_CHECK(c.chunked_prefill_size >= 1, "chunked_prefill_size must be at least 1");
   TETRA_CHECK(c.num_continuous_decode_steps >= 1, "num_continuous_decode_steps must be at least 1");
+  TETRA_CHECK(c.mem_fraction_static > 0 && c.mem_fraction_static <= 1,
+              "mem_fraction_static must be in (0, 1], not ", c.mem_fraction_static);
   TETRA_CHECK(c.max_context >= 0 && c.max_context <= m.max_position_embeddings, "max_context (",
               c.max_context, ") must be at most the model's context of ",
               m.max_position_embeddings, " (0 means the model's)");
-}
-
-// The n most likely tokens of a row of logits with their natural-log probabilities.
-std::vector<std::pair<int32_t, float>> top_logprobs(std::span<const float> logits, int n) {
-  const float m = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(double(l) - m);
-  const double lse = m + std::log(sum);
-  std::vector<int32_t> ids(logits.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  n = std::min<int>(n, int(ids.size()));
-  std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t a, int32_t b) {
-    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
-  });
-  std::vector<std::pair<int32_t, float>> out;
-  for (int i = 0; i < n; ++i) out.emplace_back(ids[size_t(i)], float(logits[size_t(ids[size_t(i)])] - lse));
-  return out;
 }
 
 RequestOutput output_of(const Request& r) {
@@ -94,22 +70,40 @@ void deliver(const Request& r, const RequestOutput& out) {
 struct Engine::Impl {
   Impl(model::Model& m, ops::Backend& b, EngineConfig c)
       : model(m), backend(b), config(std::move(c)), vocab(m.config().vocab_size),
-        n_blocks((check_config(config, m.config()), pool_blocks(m, b, config))),
+        max_context((check_config(config, m.config()),
+                     config.max_context ? config.max_context : m.config().max_position_embeddings)),
+        capacity{.max_tokens = config.chunked_prefill_size + config.max_running_requests,
+                 .max_seqs = config.max_running_requests,
+                 .max_blocks_per_seq = (max_context + config.block_size - 1) / config.block_size},
+        arena(b), ctx(with_arena(b.context(), arena)), builder(b, config.block_size, capacity),
+        sampler(b, capacity.max_seqs),
+        logits_buf(b.alloc(DType::F32, {capacity.max_seqs, vocab})),
+        n_blocks(prepare()),
         cache(b, m.kv_layout(), config.block_size, n_blocks),
         blocks(n_blocks, config.block_size, config.enable_prefix_caching),
-        scheduler({config.max_running_requests, config.chunked_prefill_size}, blocks),
-        builder(b, config.block_size) {
-    if (config.max_context == 0) config.max_context = m.config().max_position_embeddings;
+        scheduler({config.max_running_requests, config.chunked_prefill_size}, blocks) {
+    config.max_context = max_context;
     if (config.testing_constant_block_hash)
       blocks.set_hash_for_testing([](uint64_t, std::span<const int32_t>) { return uint64_t(42); });
-    const int64_t block_bytes =
-        kv_bytes_per_block(m.kv_layout(), config.block_size, b.activation_dtype());
+    const int64_t block_bytes = kv_bytes_per_block(m.kv_layout(), config.block_size, b.kv_dtype());
     log_info("KV cache: ", n_blocks, " blocks of ", config.block_size, " tokens (",
-             std::round(double(n_blocks * block_bytes) / (1 << 20) * 10) / 10, " MiB), context ",
-             config.max_context,
-             ", prefix caching ", config.enable_prefix_caching ? "on" : "off");
+             std::round(double(n_blocks * block_bytes) / (1 << 20) * 10) / 10, " MiB, ",
+             dtype_name(b.kv_dtype()), "), context ", config.max_context, ", prefix caching ",
+             config.enable_prefix_caching ? "on" : "off", "; step arena ",
+             std::round(double(arena.capacity_bytes()) / (1 << 20) * 10) / 10, " MiB");
     publish_stats();
   }
+
+  static ops::Context with_arena(ops::Context c, ops::Arena& a) {
+    c.arena = &a;
+    return c;
+  }
+
+  // Before serving: the backend's warm-up, then a measuring pass at the largest step (which
+  // sizes and freezes the arena), then the KV pool from what memory is left.
+  int64_t prepare();
+  void measure_step(int64_t n_seqs, int64_t n_tokens, bool long_context);
+  int64_t kv_pool_blocks() const;
 
   // ---- shared with server threads (under mu) ----
   SubmitResult validate(const RequestParams& p) const;
@@ -118,21 +112,25 @@ struct Engine::Impl {
   // ---- engine thread ----
   bool take_inbox();
   void run_chunks(const std::vector<ScheduledChunk>& chunks);
-  void post_process(const ScheduledChunk& c, std::span<const float> logits);
+  void post_process(const ScheduledChunk& c, const ops::SampledToken* sampled);
   void finish(Request* r, FinishReason reason, const std::string& error = {});
 
   model::Model& model;
   ops::Backend& backend;
   EngineConfig config;
   const int64_t vocab;
+  const int64_t max_context;
+  const StepCapacity capacity;
+  ops::Arena arena;
+  const ops::Context ctx;
+  StepBuilder builder;
+  BatchSampler sampler;
+  std::unique_ptr<ops::Buffer> logits_buf;  // F32 [max_seqs, vocab]
   const int64_t n_blocks;
   KvCache cache;
   BlockManager blocks;
   Scheduler scheduler;
-  StepBuilder builder;
-  std::unique_ptr<ops::Buffer> logits_buf;
-  int64_t logits_capacity = 0;
-  std::vector<float> logits_host;
+  std::vector<SampleRequest> sample_rows;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests;
   int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, failed_steps = 0;
 
@@ -148,6 +146,83 @@ struct Engine::Impl {
   // kept current as arrivals leave the inbox; readers add inbox.size() under `mu`.
   EngineStats snapshot;
 };
+
+int64_t Engine::Impl::prepare() {
+  const ModelConfig& mc = model.config();
+  backend.warm_up(ctx, model.moe_experts(), int(mc.n_experts_per_tok), capacity.max_tokens);
+  // The two largest steps: the most tokens (one long prompt chunk beside single-token
+  // sequences), and the most sequences, each deciding at the longest context.
+  const int64_t seqs = std::min(capacity.max_seqs, capacity.max_tokens);
+  measure_step(seqs, capacity.max_tokens, false);
+  measure_step(capacity.max_seqs, capacity.max_seqs, true);
+  arena.freeze();
+  return kv_pool_blocks();
+}
+
+void Engine::Impl::measure_step(int64_t n_seqs, int64_t n_tokens, bool long_context) {
+  const int bs = config.block_size;
+  // Sequence lengths: the first as long as a sequence may be, the rest sharing what is left
+  // (each at least one token, none past the context).
+  n_tokens = std::min(n_tokens, n_seqs * max_context);
+  std::vector<int64_t> lengths(static_cast<size_t>(n_seqs), 1);
+  int64_t left = n_tokens - n_seqs;
+  for (auto& len : lengths) {
+    const int64_t more = std::min(left, max_context - 1);
+    len += more;
+    left -= more;
+  }
+  const int64_t longest = lengths[0];
+  const int64_t n_cache_blocks = (longest + bs - 1) / bs;
+  KvCache scratch(backend, model.kv_layout(), bs, n_cache_blocks);
+  for (const auto& layer : scratch.layers())
+    for (TensorView t : {layer.k, layer.v, layer.index_k})
+      if (!t.empty()) backend.fill_zero(t);
+  std::vector<int32_t> table(static_cast<size_t>(n_cache_blocks));
+  for (int64_t b = 0; b < n_cache_blocks; ++b) table[size_t(b)] = int32_t(b);
+  const std::vector<int32_t> tokens(static_cast<size_t>(longest), 0);
+  // Every sequence uses the first blocks of one scratch cache: their writes collide harmlessly.
+  std::vector<SeqChunk> chunks;
+  for (int64_t len : lengths)
+    chunks.push_back({.tokens = std::span<const int32_t>(tokens).first(size_t(len)),
+                      .start_position = 0,
+                      .blocks = std::span<const int32_t>(table).first(size_t((len + bs - 1) / bs))});
+  arena.reset();
+  model::StepInputs in = builder.build(ctx, chunks);
+  // Attention plans its splits from the longest context; the keys it reads stay the ones
+  // there are, so the measured scratch is the longest context's without its cache.
+  if (long_context) in.attn.max_seq_len = int(max_context);
+  const TensorView logits = logits_buf->view().rows(0, n_seqs);
+  model.forward(ctx, in, scratch.layers(), logits);
+  std::vector<SampleRequest> rows(static_cast<size_t>(n_seqs));
+  for (auto& r : rows) r.params = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 50}, r.top_logprobs = 20;
+  sampler.sample(ctx, logits, rows);
+}
+
+int64_t Engine::Impl::kv_pool_blocks() const {
+  if (config.kv_blocks > 0) return config.kv_blocks;
+  const int64_t per_block = kv_bytes_per_block(model.kv_layout(), config.block_size, backend.kv_dtype());
+  const ops::MemoryInfo mem = backend.memory_info();
+  int64_t budget = config.kv_memory_bytes > 0 ? config.kv_memory_bytes : int64_t(256) << 20;
+  std::string source = str_cat("--kv-memory (", budget, " bytes)");
+  if (mem.total_bytes > 0) {
+    // SGLang's --mem-fraction-static: weights and KV cache together take this fraction of
+    // the device; what is in use now (weights, the measured step arena, the runtime, other
+    // processes) counts.
+    const int64_t used = mem.total_bytes - mem.free_bytes;
+    int64_t left = int64_t(config.mem_fraction_static * double(mem.total_bytes)) - used;
+    left = std::min(left, mem.free_bytes - (int64_t(256) << 20));  // room for the CUDA runtime
+    budget = config.kv_memory_bytes > 0 ? std::min(config.kv_memory_bytes, left) : left;
+    auto gib = [](int64_t b) { return std::round(double(b) / (1 << 30) * 100) / 100; };
+    source = str_cat("--mem-fraction-static ", config.mem_fraction_static, " of ", gib(mem.total_bytes),
+                     " GiB with ", gib(used), " GiB in use (weights, step buffers, other processes) leaves ",
+                     gib(std::max<int64_t>(0, left)), " GiB for the KV cache",
+                     config.kv_memory_bytes > 0 ? str_cat(" (--kv-memory asks ", config.kv_memory_bytes, " bytes)") : "",
+                     ";");
+  }
+  const int64_t n = per_block > 0 && budget > 0 ? budget / per_block : 0;
+  TETRA_CHECK(n > 0, source, " that is less than one KV block of ", per_block, " bytes");
+  return n;
+}
 
 SubmitResult Engine::Impl::validate(const RequestParams& p) const {
   auto invalid = [](std::string m) { return SubmitResult{0, SubmitError::Invalid, std::move(m)}; };
@@ -168,7 +243,7 @@ SubmitResult Engine::Impl::validate(const RequestParams& p) const {
   if (!std::isfinite(s.presence_penalty) || !std::isfinite(s.frequency_penalty))
     return invalid("presence_penalty and frequency_penalty must be finite numbers.");
 
-  const int64_t n_prompt = int64_t(p.prompt.size()), context = config.max_context;
+  const int64_t n_prompt = int64_t(p.prompt.size()), context = max_context;
   if (p.max_new_tokens > context || n_prompt + p.max_new_tokens > context)
     return {0, SubmitError::TooLong,
             str_cat("The prompt (", n_prompt, " tokens) plus max_new_tokens (", p.max_new_tokens,
@@ -244,7 +319,7 @@ void Engine::Impl::finish(Request* r, FinishReason reason, const std::string& er
 
 void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
   std::vector<SeqChunk> seq_chunks;
-  int64_t n_rows = 0;
+  sample_rows.clear();
   for (const auto& c : chunks) {
     Request* r = c.request;
     seq_chunks.push_back({.tokens = std::span<const int32_t>(r->tokens).subspan(size_t(r->n_computed),
@@ -252,20 +327,22 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
                           .start_position = r->n_computed,
                           .blocks = r->table.blocks,
                           .want_logits = c.want_logits});
-    n_rows += c.want_logits ? 1 : 0;
-  }
-  if (!logits_buf || n_rows > logits_capacity) {
-    logits_capacity = std::max<int64_t>({1, n_rows, 2 * logits_capacity});
-    logits_buf = backend.alloc(DType::F32, {logits_capacity, vocab});
+    if (c.want_logits)
+      sample_rows.push_back({.params = r->params.sampling,
+                             .seed = r->params.seed,
+                             .position = r->n_tokens(),
+                             .top_logprobs = r->params.top_logprobs,
+                             .generated_counts = r->counts});
   }
   // A step of prompt chunks that all end mid-prompt wants no logits: zero rows.
-  const TensorView logits = logits_buf->view().rows(0, n_rows);
+  const TensorView logits = logits_buf->view().rows(0, int64_t(sample_rows.size()));
+  std::span<const ops::SampledToken> sampled;
   try {
     if (config.testing_fail_step == steps + failed_steps)
       fail("injected fault at step ", config.testing_fail_step, " (TETRA_TESTING_FAIL_STEP)");
-    model.forward(builder.build(seq_chunks), cache.layers(), logits);
-    logits_host.resize(size_t(n_rows * vocab));
-    if (n_rows > 0) backend.copy_to_host(logits_host.data(), logits);
+    arena.reset();
+    model.forward(ctx, builder.build(ctx, seq_chunks), cache.layers(), logits);
+    sampled = sampler.sample(ctx, logits, sample_rows);
   } catch (const std::exception& e) {
     // The batch's requests cannot continue; the others keep their state and run next step.
     log_warn("engine step failed: ", e.what());
@@ -275,15 +352,11 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
     return;
   }
   ++steps;
-  int64_t row = 0;
-  for (const auto& c : chunks) {
-    std::span<const float> l;
-    if (c.want_logits) l = std::span<const float>(logits_host).subspan(size_t(row++ * vocab), size_t(vocab));
-    post_process(c, l);
-  }
+  size_t row = 0;
+  for (const auto& c : chunks) post_process(c, c.want_logits ? &sampled[row++] : nullptr);
 }
 
-void Engine::Impl::post_process(const ScheduledChunk& c, std::span<const float> logits) {
+void Engine::Impl::post_process(const ScheduledChunk& c, const ops::SampledToken* s) {
   Request* r = c.request;
   r->n_computed += c.n_tokens;
   // Only the client's prompt is cached: generated tokens are specific to one request.
@@ -292,23 +365,17 @@ void Engine::Impl::post_process(const ScheduledChunk& c, std::span<const float> 
   if (!c.want_logits) return;
 
   const RequestParams& p = r->params;
-  const bool penalties = p.sampling.presence_penalty != 0 || p.sampling.frequency_penalty != 0;
-  if (penalties && r->counts.empty()) {
-    r->counts.assign(size_t(vocab), 0);
-    for (int64_t i = r->prompt_len; i < r->n_tokens(); ++i) ++r->counts[size_t(r->tokens[size_t(i)])];
-  }
-  const Sample s = r->sampler.sample(logits, p.sampling, r->counts);
   TokenOutput t;
-  t.token = s.token;
-  t.logprob = s.logprob;
-  if (p.top_logprobs > 0) t.top_logprobs = top_logprobs(logits, p.top_logprobs);
-  r->tokens.push_back(s.token);
-  if (!r->counts.empty()) ++r->counts[size_t(s.token)];
+  t.token = s->token;
+  t.logprob = s->logprob;
+  for (int i = 0; i < s->n_top; ++i) t.top_logprobs.emplace_back(s->top_ids[i], s->top_logprobs[i]);
+  r->tokens.push_back(s->token);
+  r->count_generated(s->token);
   ++generated_tokens;
 
   FinishReason reason = FinishReason::None;
   const auto& eos = model.config().eos_token_ids;
-  if (!p.ignore_eos && std::find(eos.begin(), eos.end(), s.token) != eos.end())
+  if (!p.ignore_eos && std::find(eos.begin(), eos.end(), s->token) != eos.end())
     reason = FinishReason::Stop;
   else if (r->n_generated() >= p.max_new_tokens)
     reason = FinishReason::Length;

@@ -22,7 +22,12 @@ namespace tetra::runtime {
 struct EngineConfig {
   int block_size = 16;                    // tokens per KV block
   int64_t kv_blocks = 0;                  // 0: sized from kv_memory_bytes
-  int64_t kv_memory_bytes = 256ll << 20;  // CPU budget for the KV cache (GPU: --mem-fraction-static)
+  // The KV cache's bytes (--kv-memory); 0: 256 MiB on the CPU, and on a GPU what
+  // mem_fraction_static leaves.
+  int64_t kv_memory_bytes = 0;
+  // On a GPU, weights and KV cache together take this fraction of its memory (SGLang's
+  // --mem-fraction-static); the rest is for step buffers and the runtime. Caps kv_memory_bytes.
+  double mem_fraction_static = 0.85;
   int max_running_requests = 64;          // --max-running-requests
   int max_queued_requests = 1024;         // --max-queued-requests; beyond it submit() refuses
   int64_t chunked_prefill_size = 512;     // --chunked-prefill-size: prompt tokens per step at most

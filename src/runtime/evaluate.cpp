@@ -5,7 +5,7 @@
 #include <span>
 
 #include "runtime/kv_cache.h"
-#include "runtime/step_builder.h"
+#include "runtime/step_runner.h"
 
 namespace tetra::runtime {
 namespace {
@@ -19,17 +19,12 @@ std::vector<float> window_logits(model::Model& model, ops::Backend& backend,
   KvCache cache(backend, model.kv_layout(), block_size, n_blocks);
   std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
   for (int64_t b = 0; b < n_blocks; ++b) blocks[size_t(b)] = int32_t(b);
-  StepBuilder builder(backend, block_size);
-  model::StepInputs in = builder.build({SeqChunk{.tokens = tokens, .start_position = 0,
-                                                 .blocks = blocks}});
-  // Every row's logits, not only the last one's.
-  std::vector<int32_t> rows(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) rows[size_t(i)] = int32_t(i);
-  auto rows_buf = backend.alloc(DType::I32, {n});
-  backend.copy_from_host(rows_buf->view(), rows.data());
-  in.logit_rows = rows_buf->view();
+  StepRunner runner(model, backend, block_size,
+                    {.max_tokens = n, .max_seqs = 1, .max_blocks_per_seq = n_blocks});
   auto logits_buf = backend.alloc(DType::F32, {n, vocab});
-  model.forward(in, cache.layers(), logits_buf->view());
+  // Every row's logits, not only the last one's.
+  runner.forward({SeqChunk{.tokens = tokens, .start_position = 0, .blocks = blocks, .every_logit = true}},
+                 cache.layers(), logits_buf->view());
   std::vector<float> logits(static_cast<size_t>(n * vocab));
   backend.copy_to_host(logits.data(), logits_buf->view());
   return logits;

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 
 #include "runtime/kv_cache.h"
-#include "runtime/step_builder.h"
+#include "runtime/sampler.h"
+#include "runtime/step_runner.h"
 
 namespace tetra::runtime {
 namespace {
@@ -43,8 +45,9 @@ GenerateResult generate(model::Model& model, ops::Backend& backend,
   KvCache cache(backend, model.kv_layout(), bs, n_blocks);
   std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
   for (int64_t b = 0; b < n_blocks; ++b) blocks[size_t(b)] = int32_t(b);
-  StepBuilder builder(backend, bs);
-  Sampler sampler(options.seed);
+  StepRunner runner(model, backend, bs, {.max_tokens = int64_t(prompt.size()), .max_seqs = 1,
+                                         .max_blocks_per_seq = n_blocks});
+  BatchSampler sampler(backend, 1);
   auto logits_buf = backend.alloc(DType::F32, {1, config.vocab_size});
   std::vector<float> logits(static_cast<size_t>(config.vocab_size));
 
@@ -52,22 +55,31 @@ GenerateResult generate(model::Model& model, ops::Backend& backend,
   r.logits_fingerprint = 2166136261u;
   r.finish_reason = "length";
   std::vector<int32_t> sequence = prompt;
+  std::map<int32_t, int32_t> counts;  // generated tokens, for the penalties
+  std::vector<std::pair<int32_t, int32_t>> count_list;
   const auto t0 = std::chrono::steady_clock::now();
   int64_t cached = 0;  // tokens of `sequence` already written to the cache
   while (int64_t(r.token_ids.size()) < options.max_new_tokens) {
     SeqChunk chunk{.tokens = std::span<const int32_t>(sequence).subspan(size_t(cached)),
                    .start_position = cached,
                    .blocks = blocks};
-    model.forward(builder.build({chunk}), cache.layers(), logits_buf->view());
+    runner.forward({chunk}, cache.layers(), logits_buf->view());
+    count_list.assign(counts.begin(), counts.end());
+    const SampleRequest row{.params = options.sampling,
+                            .seed = options.seed,
+                            .position = int64_t(sequence.size()),
+                            .generated_counts = count_list};
+    const ops::SampledToken s = sampler.sample(runner.context(), logits_buf->view(), {&row, 1})[0];
+    // The fingerprint covers every logit: the plain loop pays the copy, serving never does.
     backend.copy_to_host(logits.data(), logits_buf->view());
     if (cached == 0)
       r.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     cached = int64_t(sequence.size());
     fingerprint_add(r.logits_fingerprint, logits);
-    const Sample s = sampler.sample(logits, options.sampling);
     r.token_ids.push_back(s.token);
     r.logprobs.push_back(s.logprob);
     sequence.push_back(s.token);
+    ++counts[s.token];
     const auto& eos = config.eos_token_ids;
     if (!options.ignore_eos && std::find(eos.begin(), eos.end(), s.token) != eos.end()) {
       r.finish_reason = "stop";

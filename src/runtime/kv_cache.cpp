@@ -13,7 +13,7 @@ KvCache::KvCache(ops::Backend& backend, const std::vector<model::KvLayerShape>& 
                  int block_size, int64_t n_blocks)
     : block_size_(block_size), n_blocks_(n_blocks) {
   TETRA_CHECK(block_size > 0 && n_blocks > 0, "the KV cache needs at least one block");
-  const DType dt = backend.activation_dtype();
+  const DType dt = backend.kv_dtype();
   for (const auto& l : layout) {
     auto k = backend.alloc(dt, {n_blocks, block_size, l.n_kv_heads, l.k_dim});
     auto v = backend.alloc(dt, {n_blocks, block_size, l.n_kv_heads, l.v_dim});

@@ -11,7 +11,7 @@
 
 namespace tetra::runtime {
 
-// Bytes one block takes over all layers, at the backend's activation dtype.
+// Bytes one block takes over all layers at the cache dtype (Backend::kv_dtype).
 int64_t kv_bytes_per_block(const std::vector<model::KvLayerShape>& layout, int block_size,
                            DType dtype);
 

@@ -1,12 +1,13 @@
 // One request inside the engine: its tokens so far, how many of them the KV cache holds, its
-// blocks and its own sampler. Owned by the engine thread; server threads never see it.
+// blocks and what its sampling needs. Owned by the engine thread; server threads never see it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "runtime/engine.h"
-#include "runtime/sampler.h"
 
 namespace tetra::runtime {
 
@@ -22,10 +23,16 @@ enum class RequestState : uint8_t { Waiting, Running, Finished };
 
 struct Request {
   Request(uint64_t id, uint64_t arrival, RequestParams params, OutputCallback on_output)
-      : id(id), arrival(arrival), params(std::move(params)), on_output(std::move(on_output)),
-        sampler(this->params.seed) {
+      : id(id), arrival(arrival), params(std::move(params)), on_output(std::move(on_output)) {
     tokens = this->params.prompt;
     prompt_len = int64_t(tokens.size());
+  }
+
+  // Keeps `counts` sorted by token id.
+  void count_generated(int32_t token) {
+    auto it = std::lower_bound(counts.begin(), counts.end(), std::pair<int32_t, int32_t>(token, 0));
+    if (it != counts.end() && it->first == token) ++it->second;
+    else counts.insert(it, {token, 1});
   }
 
   int64_t n_tokens() const { return int64_t(tokens.size()); }
@@ -37,8 +44,9 @@ struct Request {
   uint64_t arrival;            // submission order; preemption takes the latest first
   RequestParams params;
   OutputCallback on_output;
-  Sampler sampler;             // per request, so the same seed gives the same text in any batch
-  std::vector<int32_t> counts; // [vocab] generated-token counts, only when penalties are on
+  // Each generated token with how often it came, by id (the penalties read it). Draws need
+  // no other state: a token depends on (seed, position) alone, in any batch.
+  std::vector<std::pair<int32_t, int32_t>> counts;
 
   // The prompt followed by every generated token. After a preemption the generated tokens
   // stay here and are recomputed with the prompt.

@@ -1,70 +1,82 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
+#include <cstring>
 
 namespace tetra::runtime {
 
-float token_logprob(std::span<const float> logits, int32_t token) {
-  const float m = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(double(l) - m);
-  return float(double(logits[size_t(token)]) - m - std::log(sum));
+BatchSampler::BatchSampler(ops::Backend& backend, int64_t max_rows)
+    : backend_(backend), max_rows_(max_rows) {
+  TETRA_CHECK(max_rows >= 1, "a sampler needs room for one row");
+  const int64_t row_bytes = max_rows * int64_t(sizeof(ops::SamplingRow));
+  const int64_t out_bytes = max_rows * int64_t(sizeof(ops::SampledToken));
+  rows_host_ = backend.alloc_host(row_bytes);
+  rows_dev_ = backend.alloc(DType::U8, {row_bytes});
+  out_host_ = backend.alloc_host(out_bytes);
+  out_dev_ = backend.alloc(DType::U8, {out_bytes});
+  reserve_penalties(1024);
 }
 
-Sample Sampler::sample(std::span<const float> logits, const SamplingParams& p,
-                       std::span<const int32_t> counts) {
-  const int64_t vocab = int64_t(logits.size());
-  scratch_.assign(logits.begin(), logits.end());
-  if (!counts.empty() && (p.presence_penalty != 0 || p.frequency_penalty != 0)) {
-    for (int64_t i = 0; i < vocab; ++i)
-      if (counts[size_t(i)] > 0)
-        scratch_[size_t(i)] -= p.presence_penalty + p.frequency_penalty * float(counts[size_t(i)]);
-  }
-  int32_t token;
-  if (p.temperature <= 0.0f) {
-    // The first maximum, as argmax picks it.
-    token = int32_t(std::max_element(scratch_.begin(), scratch_.end()) - scratch_.begin());
-  } else {
-    order_.resize(size_t(vocab));
-    std::iota(order_.begin(), order_.end(), 0);
-    const int64_t k = p.top_k > 0 ? std::min<int64_t>(p.top_k, vocab) : vocab;
-    auto by_logit = [&](int32_t a, int32_t b) {
-      return scratch_[size_t(a)] > scratch_[size_t(b)] || (scratch_[size_t(a)] == scratch_[size_t(b)] && a < b);
-    };
-    std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), by_logit);
-    order_.resize(size_t(k));
-    const float m = scratch_[size_t(order_[0])];
-    std::vector<double> probs(order_.size());
-    double sum = 0;
-    for (size_t i = 0; i < order_.size(); ++i)
-      sum += (probs[i] = std::exp(double(scratch_[size_t(order_[i])] - m) / p.temperature));
-    // Nucleus: the shortest prefix of the sorted tokens whose mass reaches top_p.
-    size_t keep = probs.size();
-    if (p.top_p < 1.0f) {
-      double acc = 0;
-      for (size_t i = 0; i < probs.size(); ++i) {
-        acc += probs[i] / sum;
-        if (acc >= p.top_p) {
-          keep = i + 1;
-          break;
-        }
+void BatchSampler::reserve_penalties(int64_t n) {
+  if (n <= penalty_capacity_) return;
+  penalty_capacity_ = std::max(n, 2 * penalty_capacity_);
+  penalty_host_ = backend_.alloc_host(2 * penalty_capacity_ * 4);
+  penalty_dev_ = backend_.alloc(DType::I32, {2, penalty_capacity_});
+}
+
+std::span<const ops::SampledToken> BatchSampler::sample(const ops::Context& ctx, TensorView logits,
+                                                        std::span<const SampleRequest> rows) {
+  const int64_t n = int64_t(rows.size());
+  TETRA_CHECK(n <= max_rows_, "sample: ", n, " rows, the sampler holds ", max_rows_);
+  TETRA_CHECK(logits.shape.rank == 2 && logits.dim(0) == n, "sample: logits are ", logits.shape.str(),
+              " for ", n, " rows");
+  if (n == 0) return {};
+  int64_t n_penalties = 0;
+  for (const auto& r : rows)
+    if (r.params.presence_penalty != 0 || r.params.frequency_penalty != 0)
+      n_penalties += int64_t(r.generated_counts.size());
+  reserve_penalties(n_penalties);
+
+  auto* recs = rows_host_->view().as<ops::SamplingRow>();
+  int32_t* ids = penalty_host_->view().as<int32_t>();
+  int32_t* counts = ids + penalty_capacity_;
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const SampleRequest& r = rows[size_t(i)];
+    ops::SamplingRow& rec = recs[i];
+    rec = {};
+    rec.temperature = r.params.temperature;
+    rec.top_p = r.params.top_p;
+    rec.top_k = r.params.top_k;
+    rec.presence_penalty = r.params.presence_penalty;
+    rec.frequency_penalty = r.params.frequency_penalty;
+    rec.n_top_logprobs = r.top_logprobs;
+    rec.seed = r.seed;
+    rec.position = r.position;
+    rec.penalty_begin = int32_t(at);
+    if (r.params.presence_penalty != 0 || r.params.frequency_penalty != 0) {
+      for (const auto& [id, count] : r.generated_counts) {
+        ids[at] = id;
+        counts[at] = count;
+        ++at;
       }
     }
-    const double kept_mass = std::accumulate(probs.begin(), probs.begin() + long(keep), 0.0);
-    const double u = std::uniform_real_distribution<double>(0.0, kept_mass)(rng_);
-    double acc = 0;
-    token = order_[keep - 1];
-    for (size_t i = 0; i < keep; ++i) {
-      acc += probs[i];
-      if (u < acc) {
-        token = order_[i];
-        break;
-      }
-    }
+    rec.penalty_count = int32_t(at - rec.penalty_begin);
   }
-  return {token, token_logprob(logits, token)};
+  const TensorView rows_dev = rows_dev_->view().rows(0, n * int64_t(sizeof(ops::SamplingRow)));
+  const TensorView out_dev = out_dev_->view().rows(0, n * int64_t(sizeof(ops::SampledToken)));
+  const TensorView pen = penalty_dev_->view();
+  const TensorView pen_ids{pen.data, DType::I32, {at}, pen.device};
+  const TensorView pen_counts{pen.as<int32_t>() + penalty_capacity_, DType::I32, {at}, pen.device};
+  backend_.copy_from_host_async(ctx, rows_dev, recs);
+  if (at > 0) {
+    backend_.copy_from_host_async(ctx, pen_ids, ids);
+    backend_.copy_from_host_async(ctx, pen_counts, counts);
+  }
+  backend_.sample(ctx, logits, rows_dev, pen_ids, pen_counts, out_dev);
+  auto* out = out_host_->view().as<ops::SampledToken>();
+  backend_.copy_to_host(out, out_dev);  // waits for the stream
+  return {out, size_t(n)};
 }
 
 }  // namespace tetra::runtime

@@ -1,11 +1,17 @@
-// Next-token choice from one row of logits: greedy at temperature 0, otherwise temperature,
-// top-k and top-p sampling from a seeded generator, so the same seed gives the same text.
+// Next-token choice for a batch of rows of logits, on the backend that holds them
+// (Backend::sample: greedy at temperature 0, otherwise temperature, top-k and top-p with
+// presence and frequency penalties, from a counter-based generator, so a seed gives the same
+// text in any batch and after any preemption). Only the chosen tokens and the log-probs
+// asked for come back to the host.
 #pragma once
 
 #include <cstdint>
-#include <random>
+#include <memory>
 #include <span>
+#include <utility>
 #include <vector>
+
+#include "ops/ops.h"
 
 namespace tetra::runtime {
 
@@ -17,27 +23,33 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
 };
 
-struct Sample {
-  int32_t token = 0;
-  float logprob = 0.0f;  // natural log-probability under the model's unmodified distribution
+// One row to draw: its request's parameters and the draw's place in its sequence.
+struct SampleRequest {
+  SamplingParams params;
+  uint64_t seed = 0;
+  int64_t position = 0;   // index in the sequence of the token being drawn
+  int top_logprobs = 0;   // alternatives to report (0 .. ops::kMaxTopLogprobs)
+  // The tokens generated so far and how often each came (distinct ids), for the penalties.
+  std::span<const std::pair<int32_t, int32_t>> generated_counts;
 };
 
-// log_softmax(logits)[token], computed in double for a stable reference.
-float token_logprob(std::span<const float> logits, int32_t token);
-
-class Sampler {
+class BatchSampler {
  public:
-  explicit Sampler(uint64_t seed) : rng_(seed) {}
+  BatchSampler(ops::Backend& backend, int64_t max_rows);
 
-  // `counts` (optional, [vocab]) holds how often each token was generated so far, for the
-  // presence and frequency penalties.
-  Sample sample(std::span<const float> logits, const SamplingParams& params,
-                std::span<const int32_t> counts = {});
+  // One token per row of logits F32 [R, V] (R = rows.size()) on the backend's device. The
+  // result is valid until the next call.
+  std::span<const ops::SampledToken> sample(const ops::Context& ctx, TensorView logits,
+                                            std::span<const SampleRequest> rows);
 
  private:
-  std::mt19937_64 rng_;
-  std::vector<float> scratch_;
-  std::vector<int32_t> order_;
+  void reserve_penalties(int64_t n);
+
+  ops::Backend& backend_;
+  int64_t max_rows_;
+  std::unique_ptr<ops::Buffer> rows_host_, rows_dev_, out_host_, out_dev_;
+  int64_t penalty_capacity_ = 0;
+  std::unique_ptr<ops::Buffer> penalty_host_, penalty_dev_;  // [2, capacity]: ids, then counts
 };
 
 }  // namespace tetra::runtime

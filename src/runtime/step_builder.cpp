@@ -4,57 +4,86 @@
 
 namespace tetra::runtime {
 
-model::StepInputs StepBuilder::build(const std::vector<SeqChunk>& chunks) {
-  std::vector<int32_t> tokens, positions, slots, seq_starts{0}, rows, tables;
-  int64_t max_blocks = 1;
-  for (const auto& c : chunks) max_blocks = std::max<int64_t>(max_blocks, int64_t(c.blocks.size()));
-  for (const auto& c : chunks) {
+StepBuilder::StepBuilder(ops::Backend& backend, int block_size, StepCapacity capacity)
+    : backend_(backend), block_size_(block_size), capacity_(capacity) {
+  TETRA_CHECK(capacity.max_tokens >= 1 && capacity.max_seqs >= 1 && capacity.max_blocks_per_seq >= 1,
+              "a step needs room for at least one token, sequence and block");
+  TETRA_CHECK(capacity.max_seqs * capacity.max_blocks_per_seq < (int64_t(1) << 31),
+              "a step's block tables would hold more than 2^31 entries");
+  int64_t at = 0;
+  auto field = [&](int64_t n) {
+    const Field f{at, n};
+    at += (n + 63) / 64 * 64;  // 256-byte aligned arrays
+    return f;
+  };
+  tokens_ = field(capacity.max_tokens);
+  positions_ = field(capacity.max_tokens);
+  slots_ = field(capacity.max_tokens);
+  seq_starts_ = field(capacity.max_seqs + 1);
+  seq_lens_ = field(capacity.max_seqs);
+  tables_ = field(capacity.max_seqs * capacity.max_blocks_per_seq);
+  rows_ = field(capacity.max_tokens);  // every_logit chunks want a row per token
+  device_ = backend.alloc(DType::I32, {at});
+  host_ = backend.alloc_host(at * 4);
+}
+
+model::StepInputs StepBuilder::build(const ops::Context& ctx, const std::vector<SeqChunk>& chunks) {
+  int32_t* host = host_->view().as<int32_t>();
+  const int64_t n_seqs = int64_t(chunks.size()), mbps = capacity_.max_blocks_per_seq;
+  TETRA_CHECK(n_seqs >= 1 && n_seqs <= capacity_.max_seqs, "a step of ", n_seqs,
+              " sequences does not fit the step builder's ", capacity_.max_seqs);
+  int64_t n_tokens = 0, n_rows = 0, max_query = 0, max_len = 0;
+  host[seq_starts_.offset] = 0;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const SeqChunk& c = chunks[size_t(s)];
     TETRA_CHECK(!c.tokens.empty(), "a step chunk has no tokens");
-    const int64_t end_position = c.start_position + int64_t(c.tokens.size());
+    const int64_t n = int64_t(c.tokens.size()), end_position = c.start_position + n;
+    TETRA_CHECK(n_tokens + n <= capacity_.max_tokens, "a step of more than ", capacity_.max_tokens,
+                " tokens does not fit the step builder");
     TETRA_CHECK(end_position <= int64_t(c.blocks.size()) * block_size_, "a sequence of ",
                 end_position, " tokens does not fit its ", c.blocks.size(), " KV blocks");
-    for (size_t i = 0; i < c.tokens.size(); ++i) {
-      const int64_t pos = c.start_position + int64_t(i);
-      tokens.push_back(c.tokens[i]);
-      positions.push_back(int32_t(pos));
-      slots.push_back(c.blocks[size_t(pos / block_size_)] * block_size_ + int32_t(pos % block_size_));
+    TETRA_CHECK(int64_t(c.blocks.size()) <= mbps, "a sequence of ", c.blocks.size(),
+                " KV blocks is longer than the step builder's ", mbps);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = c.start_position + i, t = n_tokens + i;
+      host[tokens_.offset + t] = c.tokens[size_t(i)];
+      host[positions_.offset + t] = int32_t(pos);
+      host[slots_.offset + t] = c.blocks[size_t(pos / block_size_)] * block_size_ + int32_t(pos % block_size_);
     }
-    if (c.want_logits) rows.push_back(int32_t(tokens.size()) - 1);
-    seq_starts.push_back(int32_t(tokens.size()));
-    for (int64_t b = 0; b < max_blocks; ++b)
-      tables.push_back(b < int64_t(c.blocks.size()) ? c.blocks[size_t(b)] : 0);
+    if (c.every_logit)
+      for (int64_t i = 0; i < n; ++i) host[rows_.offset + n_rows++] = int32_t(n_tokens + i);
+    n_tokens += n;
+    if (c.want_logits && !c.every_logit) host[rows_.offset + n_rows++] = int32_t(n_tokens - 1);
+    host[seq_starts_.offset + s + 1] = int32_t(n_tokens);
+    host[seq_lens_.offset + s] = int32_t(end_position);
+    int32_t* table = host + tables_.offset + s * mbps;
+    std::copy(c.blocks.begin(), c.blocks.end(), table);
+    // Rows are read only up to each sequence's length; the rest is zeroed for tidiness.
+    std::fill(table + c.blocks.size(), table + mbps, 0);
+    max_query = std::max(max_query, n);
+    max_len = std::max(max_len, end_position);
   }
-  const int64_t n_tokens = int64_t(tokens.size()), n_seqs = int64_t(chunks.size());
+
   model::StepInputs in;
+  const TensorView dev = device_->view();
+  auto upload = [&](const Field& f, int64_t n, Shape shape) {
+    TensorView v{dev.as<int32_t>() + f.offset, DType::I32, shape, dev.device};
+    if (n > 0) backend_.copy_from_host_async(ctx, v, host + f.offset);
+    return v;
+  };
+  in.token_ids = upload(tokens_, n_tokens, {n_tokens});
+  in.attn.positions = upload(positions_, n_tokens, {n_tokens});
+  in.attn.slot_mapping = upload(slots_, n_tokens, {n_tokens});
+  in.attn.seq_starts = upload(seq_starts_, n_seqs + 1, {n_seqs + 1});
+  in.attn.seq_lens = upload(seq_lens_, n_seqs, {n_seqs});
+  in.attn.block_tables = upload(tables_, n_seqs * mbps, {n_seqs, mbps});
+  in.logit_rows = upload(rows_, n_rows, {n_rows});
   in.attn.n_tokens = int(n_tokens);
   in.attn.n_seqs = int(n_seqs);
   in.attn.block_size = block_size_;
-  in.attn.max_blocks_per_seq = int(max_blocks);
-  struct Part {
-    const std::vector<int32_t>& host;
-    Shape shape;
-    TensorView& view;
-  };
-  const Part parts[] = {{tokens, {n_tokens}, in.token_ids},
-                        {positions, {n_tokens}, in.attn.positions},
-                        {slots, {n_tokens}, in.attn.slot_mapping},
-                        {seq_starts, {n_seqs + 1}, in.attn.seq_starts},
-                        {tables, {n_seqs, max_blocks}, in.attn.block_tables},
-                        {rows, {int64_t(rows.size())}, in.logit_rows}};
-  staging_.clear();
-  for (const Part& p : parts) staging_.insert(staging_.end(), p.host.begin(), p.host.end());
-  const int64_t total = int64_t(staging_.size());
-  if (!buffer_ || total > buffer_->view().numel()) {
-    const int64_t grown = buffer_ ? 2 * buffer_->view().numel() : 0;  // doubling: few reallocations
-    buffer_ = backend_.alloc(DType::I32, {std::max(total, grown)});
-  }
-  const TensorView all = buffer_->view();
-  backend_.copy_from_host(TensorView{all.data, DType::I32, {total}, all.device}, staging_.data());
-  int64_t offset = 0;
-  for (const Part& p : parts) {
-    p.view = TensorView{all.as<int32_t>() + offset, DType::I32, p.shape, all.device};
-    offset += int64_t(p.host.size());
-  }
+  in.attn.max_blocks_per_seq = int(mbps);
+  in.attn.max_query_len = int(max_query);
+  in.attn.max_seq_len = int(max_len);
   return in;
 }
 

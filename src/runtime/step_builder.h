@@ -1,5 +1,7 @@
 // Turns the token chunks the scheduler picked for one step (from any number of sequences)
-// into the model's StepInputs, uploaded to the device in one go.
+// into the model's StepInputs. Buffers have a fixed capacity and fixed addresses (a device
+// buffer and its pinned host mirror), so no step allocates and every step's inputs live at the
+// same place.
 #pragma once
 
 #include <cstdint>
@@ -17,22 +19,39 @@ struct SeqChunk {
   int64_t start_position = 0;         // position of tokens[0] in the sequence
   std::span<const int32_t> blocks;    // the sequence's KV blocks, covering every position
   bool want_logits = true;            // produce logits for the chunk's last token
+  bool every_logit = false;           // or for every token of the chunk (scoring)
+};
+
+// The largest step a builder takes.
+struct StepCapacity {
+  int64_t max_tokens = 0;           // tokens of all sequences together
+  int64_t max_seqs = 0;
+  int64_t max_blocks_per_seq = 0;   // ceil(longest context / block size)
 };
 
 class StepBuilder {
  public:
-  StepBuilder(ops::Backend& backend, int block_size) : backend_(backend), block_size_(block_size) {}
+  StepBuilder(ops::Backend& backend, int block_size, StepCapacity capacity);
 
-  // The returned inputs point into a buffer this builder owns until the next build().
-  model::StepInputs build(const std::vector<SeqChunk>& chunks);
+  // The returned inputs point into this builder's device buffer until the next build().
+  // Uploads are ordered on ctx's stream; the host mirror is rewritten by the next build, so
+  // the caller waits for the stream between steps (every step ends reading its tokens back).
+  model::StepInputs build(const ops::Context& ctx, const std::vector<SeqChunk>& chunks);
+
+  const StepCapacity& capacity() const { return capacity_; }
 
  private:
+  // One array of the step's inputs: where it sits in the buffer and how long it may be.
+  struct Field {
+    int64_t offset = 0, capacity = 0;
+  };
+
   ops::Backend& backend_;
   int block_size_;
-  // All of a step's index arrays live in one device buffer, kept and grown across steps: a
-  // step uploads its metadata in one copy and allocates nothing once the buffer is big enough.
-  std::unique_ptr<ops::Buffer> buffer_;
-  std::vector<int32_t> staging_;  // the host image of the buffer's used part
+  StepCapacity capacity_;
+  Field tokens_, positions_, slots_, seq_starts_, seq_lens_, tables_, rows_;
+  std::unique_ptr<ops::Buffer> device_;
+  std::unique_ptr<ops::Buffer> host_;  // pinned mirror, laid out as device_
 };
 
 }  // namespace tetra::runtime

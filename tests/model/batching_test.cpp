@@ -7,17 +7,18 @@
 #include "fixtures.h"
 #include "model/model.h"
 #include "runtime/kv_cache.h"
-#include "runtime/step_builder.h"
+#include "runtime/step_runner.h"
 
 namespace tetra {
 namespace {
 
 std::vector<float> run(model::Model& m, ops::Backend& b, runtime::KvCache& cache,
                        const std::vector<runtime::SeqChunk>& chunks) {
-  runtime::StepBuilder builder(b, cache.block_size());
+  runtime::StepRunner runner(m, b, cache.block_size(),
+                             {.max_tokens = 16, .max_seqs = 4, .max_blocks_per_seq = cache.n_blocks()});
   const int64_t vocab = m.config().vocab_size;
   auto logits = b.alloc(DType::F32, {int64_t(chunks.size()), vocab});
-  m.forward(builder.build(chunks), cache.layers(), logits->view());
+  runner.forward(chunks, cache.layers(), logits->view());
   std::vector<float> host(static_cast<size_t>(chunks.size() * size_t(vocab)));
   b.copy_to_host(host.data(), logits->view());
   return host;

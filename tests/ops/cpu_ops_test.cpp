@@ -274,7 +274,7 @@ TEST_P(CpuMoe, MatchesNaiveSum) {
     m.down = {.n_out = hidden, .n_in = inter, .weight = f32(wd.back(), {hidden, inter})};
     experts.push_back(m);
   }
-  auto prepared = backend->prepare_experts(experts);
+  auto prepared = backend->prepare_experts(experts, nullptr);
   std::vector<int32_t> ids;
   std::vector<float> weights;
   for (int64_t t = 0; t < p.tokens; ++t) {

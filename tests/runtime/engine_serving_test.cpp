@@ -433,13 +433,14 @@ class FaultyModel : public model::Model {
   const ModelConfig& config() const override { return inner_.config(); }
   std::vector<model::KvLayerShape> kv_layout() const override { return inner_.kv_layout(); }
   model::LoadStats load_stats() const override { return inner_.load_stats(); }
-  void forward(const model::StepInputs& in, const std::vector<ops::KvCacheLayer>& cache,
+  std::vector<const ops::MoeExperts*> moe_experts() const override { return inner_.moe_experts(); }
+  void forward(const ops::Context& ctx, const model::StepInputs& in, const std::vector<ops::KvCacheLayer>& cache,
                TensorView logits) override {
     if (fail_next) {
       fail_next = false;
       fail("injected device fault");
     }
-    inner_.forward(in, cache, logits);
+    inner_.forward(ctx, in, cache, logits);
   }
   bool fail_next = false;
 

@@ -1,7 +1,8 @@
 """Runs a real `tetra serve` on a free loopback port and talks HTTP to it (stdlib only).
 
 Environment: TETRA_BIN (the tetra binary), TETRA_SERVER_MODEL (a model folder with a
-tokenizer; default tests/fixtures/qwen3_moe-tiny).
+tokenizer; default tests/fixtures/qwen3_moe-tiny), TETRA_SERVE_FLAGS (flags for every server,
+e.g. "--device cuda" on the GPU machine).
 """
 import http.client
 import json
@@ -29,7 +30,7 @@ class Server:
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="tetra-serve-", suffix=".log", delete=False)
         # TETRA_WRAP: a command to run the server under, e.g. "gdb -batch -ex run -ex bt --args".
-        self.cmd = os.environ.get("TETRA_WRAP", "").split() + [TETRA, "serve", "--model", MODEL, "--port", str(self.port), "--threads", "1", *flags]
+        self.cmd = os.environ.get("TETRA_WRAP", "").split() + [TETRA, "serve", "--model", MODEL, "--port", str(self.port), "--threads", "1", *os.environ.get("TETRA_SERVE_FLAGS", "").split(), *flags]
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
         if wait_ready:

@@ -54,6 +54,7 @@ void cache_write(TensorView rows, const AttentionBatch& batch, TensorView cache)
               " values do not fit a cache of shape ", cache.shape.str());
   for (int64_t t = 0; t < batch.n_tokens; ++t) {
     const int32_t slot = batch.slot_mapping.as<const int32_t>()[t];
+    if (slot == -1) continue;  // a padding token
     TETRA_CHECK(slot >= 0 && slot < n_slots, "cache_write: slot ", slot, " is outside the cache of ",
                 n_slots);
     std::copy_n(rows.as<const float>() + t * width, width, cache.as<float>() + slot * width);

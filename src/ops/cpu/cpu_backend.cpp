@@ -1,4 +1,5 @@
 #include "ops/cpu/cpu_backend.h"
+#include "ops/cpu/sampling.h"
 
 #include <cmath>
 #include <cstring>
@@ -44,23 +45,40 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu (" + std::to_string(pool_.size()) + " threads)"; }
   Context& context() override { return ctx_; }
   DType activation_dtype() const override { return DType::F32; }
+  DType kv_dtype() const override { return DType::F32; }
 
   std::unique_ptr<Buffer> alloc(DType dtype, Shape shape) override {
     return std::make_unique<HostBuffer>(dtype, shape);
   }
+  std::unique_ptr<Buffer> alloc_host(int64_t bytes) override {
+    return std::make_unique<HostBuffer>(DType::U8, Shape{bytes});
+  }
   void copy_from_host(TensorView dst, const void* src) override {
     std::memcpy(dst.data, src, size_t(dst.nbytes()));
+  }
+  void copy_from_host_async(const Context&, TensorView dst, const void* src) override {
+    copy_from_host(dst, src);
   }
   void copy_to_host(void* dst, TensorView src) override {
     std::memcpy(dst, src.data, size_t(src.nbytes()));
   }
   void fill_zero(TensorView dst) override { std::memset(dst.data, 0, size_t(dst.nbytes())); }
+  MemoryInfo memory_info() const override { return {}; }
   // The CPU reads weights straight from the checkpoint's mapping.
   LinearWeight upload(const LinearWeight& host) override { return host; }
   TensorView upload(TensorView host) override { return host; }
-  std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts) override {
-    return std::make_unique<CpuExperts>(experts);
+  std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts,
+                                              const MlpWeights* shared) override {
+    return std::make_unique<CpuExperts>(experts, shared ? std::optional<MlpWeights>(*shared) : std::nullopt);
   }
+  std::unique_ptr<Buffer> random_tensor(DType dtype, Shape shape, const RandomFill& fill,
+                                        uint64_t seed) override {
+    auto b = alloc(dtype, shape);
+    fill_random(b->view(), fill, seed);
+    return b;
+  }
+  std::unique_ptr<MoeExperts> random_experts(const ExpertsSpec& spec, uint64_t seed) override;
+  void warm_up(const Context&, const std::vector<const MoeExperts*>&, int, int64_t) override {}
   void synchronize() override {}
 
   void embedding(const Context&, TensorView table, TensorView ids, TensorView out) override {
@@ -182,6 +200,17 @@ class CpuBackend : public Backend {
     cpu::moe_experts(ctx.pool, x, ids, weights, static_cast<const CpuExperts&>(experts), out);
   }
 
+  void sample(const Context& ctx, TensorView logits, TensorView rows, TensorView penalty_ids,
+              TensorView penalty_counts, TensorView out) override {
+    const int64_t n_rows = logits.dim(0);
+    TETRA_CHECK(rows.nbytes() == n_rows * int64_t(sizeof(SamplingRow)) &&
+                    out.nbytes() == n_rows * int64_t(sizeof(SampledToken)) &&
+                    penalty_ids.numel() == penalty_counts.numel(),
+                "sample: ", n_rows, " rows of logits need as many SamplingRow and SampledToken records");
+    cpu::sample_rows(ctx.pool, logits, rows.as<const SamplingRow>(), penalty_ids.as<const int32_t>(),
+                     penalty_counts.as<const int32_t>(), penalty_ids.numel(), out.as<SampledToken>());
+  }
+
   void gather_rows(const Context&, TensorView x, TensorView rows, TensorView out) override {
     const int64_t width = x.numel() / x.dim(0), row_bytes = x.nbytes() / x.dim(0);
     (void)width;
@@ -198,6 +227,39 @@ class CpuBackend : public Backend {
   DeviceProps props_;
   Context ctx_;
 };
+
+std::unique_ptr<MoeExperts> CpuBackend::random_experts(const ExpertsSpec& spec, uint64_t seed) {
+  std::vector<std::unique_ptr<Buffer>> storage;
+  auto matrix = [&](int64_t n_out, int64_t n_in) {
+    LinearWeight w;
+    w.format = spec.format;
+    w.n_out = n_out;
+    w.n_in = n_in;
+    if (spec.format == WeightFormat::Nvfp4) {
+      storage.push_back(random_tensor(DType::U8, {n_out, n_in / 2}, {.kind = RandomFill::Bytes}, seed++));
+      w.weight = storage.back()->view();
+      storage.push_back(random_tensor(DType::F8_E4M3, {n_out, n_in / 16},
+                                      {.kind = RandomFill::Bytes, .lo = kDummyNvfp4ScaleLo,
+                                       .span = kDummyNvfp4ScaleSpan},
+                                      seed++));
+      w.block_scale = storage.back()->view();
+      w.global_scale = kDummyNvfp4GlobalScale;
+    } else {
+      storage.push_back(random_tensor(DType::BF16, {n_out, n_in}, {}, seed++));
+      w.weight = storage.back()->view();
+    }
+    return w;
+  };
+  auto mlp = [&] {
+    return MlpWeights{matrix(spec.intermediate, spec.hidden), matrix(spec.intermediate, spec.hidden),
+                      matrix(spec.hidden, spec.intermediate)};
+  };
+  std::vector<MlpWeights> experts;
+  for (int e = 0; e < spec.n_experts; ++e) experts.push_back(mlp());
+  std::optional<MlpWeights> shared;
+  if (spec.shared_expert) shared = mlp();
+  return std::make_unique<CpuExperts>(std::move(experts), std::move(shared), std::move(storage));
+}
 
 }  // namespace
 

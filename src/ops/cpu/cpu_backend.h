@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ops/ops.h"
@@ -39,16 +40,25 @@ void dsa_select(TensorView q, TensorView weights, const KvCacheLayer& cache, con
 void head_linear(ThreadPool* pool, TensorView x, const LinearWeight& w, int64_t head_stride,
                  int64_t row0, int64_t n_rows, bool transposed, TensorView out);
 
+// Fills a host tensor with dummy values (see RandomFill); the same stream for a given seed.
+void fill_random(TensorView t, const RandomFill& fill, uint64_t seed);
+
 void route(TensorView logits, const RoutingSpec& spec, TensorView ids, TensorView weights);
 
+// The CPU reads experts where they are (the checkpoint's mapping); dummy experts own theirs.
 class CpuExperts : public MoeExperts {
  public:
-  explicit CpuExperts(std::vector<MlpWeights> experts) : experts_(std::move(experts)) {}
+  CpuExperts(std::vector<MlpWeights> experts, std::optional<MlpWeights> shared,
+             std::vector<std::unique_ptr<Buffer>> storage = {})
+      : experts_(std::move(experts)), shared_(std::move(shared)), storage_(std::move(storage)) {}
   int64_t n_experts() const override { return int64_t(experts_.size()); }
-  const MlpWeights& expert(int64_t e) const { return experts_[e]; }
+  const MlpWeights& expert(int64_t e) const { return experts_[size_t(e)]; }
+  const MlpWeights* shared() const { return shared_ ? &*shared_ : nullptr; }
 
  private:
   std::vector<MlpWeights> experts_;
+  std::optional<MlpWeights> shared_;
+  std::vector<std::unique_ptr<Buffer>> storage_;
 };
 
 void moe_experts(ThreadPool* pool, TensorView x, TensorView ids, TensorView weights,

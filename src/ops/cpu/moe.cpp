@@ -118,6 +118,18 @@ void moe_experts(ThreadPool* pool, TensorView x, TensorView ids, TensorView weig
       for (int64_t i = 0; i < hidden; ++i) o[i] += src[i];
     }
   }
+  // The shared expert sees every token with weight 1 and is added last, as transformers adds it.
+  if (const MlpWeights* shared = experts.shared()) {
+    const int64_t inter = shared->gate.n_out;
+    std::vector<float> gate(size_t(n_tokens * inter)), up(size_t(n_tokens * inter)),
+        down(size_t(n_tokens * hidden));
+    linear_f32(pool, x.as<const float>(), n_tokens, shared->gate, gate.data());
+    linear_f32(pool, x.as<const float>(), n_tokens, shared->up, up.data());
+    for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    linear_f32(pool, gate.data(), n_tokens, shared->down, down.data());
+    float* o = out.as<float>();
+    for (int64_t i = 0; i < n_tokens * hidden; ++i) o[i] += down[size_t(i)];
+  }
 }
 
 }  // namespace tetra::ops::cpu

@@ -1,7 +1,6 @@
 // Host side of the CUDA MoE layer: argument checks, scratch layout, and the launch sequence
 // route -> permute -> gate/up (+SiLU) -> down -> combine. No host synchronization.
 #include <algorithm>
-#include <cstdlib>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/moe_internal.h"
@@ -72,9 +71,13 @@ MoeScratch moe_scratch_carve(const CudaMoeExperts& ex, void* base, int64_t n_tok
 }
 
 int64_t moe_workspace_bytes(const MoeExperts& experts, int64_t n_tokens, int top_k) {
+  const CudaMoeExperts& ex = as_cuda(experts);
+  if (!ex.fast) return moe_general_scratch_bytes(ex, n_tokens, top_k);
   // The smallest tile gives the most work items, so it bounds every configuration.
-  return moe_scratch_bytes(as_cuda(experts), n_tokens, top_k, 8);
+  return moe_scratch_bytes(ex, n_tokens, top_k, 8);
 }
+
+bool moe_fast_path(const MoeExperts& experts) { return as_cuda(experts).fast; }
 
 void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
            TensorView weights) {
@@ -111,22 +114,10 @@ MoeConfig heuristic_config(const CudaMoeExperts& ex, int64_t n_tokens, int top_k
 }
 
 std::string tune_key(const Context& ctx, const CudaMoeExperts& ex, int64_t n_tokens, int top_k) {
-  std::string gpu = ctx.props ? ctx.props->name : std::string();
-  if (gpu.empty()) {
-    int dev = 0;
-    cudaDeviceProp p{};
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess) gpu = p.name;
-  }
+  const std::string gpu = ctx.props && !ctx.props->name.empty() ? ctx.props->name : "unnamed GPU";
   return str_cat(gpu, "|", ex.format == WeightFormat::Nvfp4 ? "nvfp4" : "bf16", "|H", ex.shape.hidden,
                  "|I", ex.shape.intermediate, "|E", ex.n_stored(), "|k", top_k, "|T",
                  moe_token_bucket(n_tokens));
-}
-
-bool autotune_enabled(cudaStream_t stream) {
-  if (const char* v = std::getenv("TETRA_MOE_AUTOTUNE"); v && std::string(v) == "0") return false;
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  TETRA_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
-  return st == cudaStreamCaptureStatusNone;
 }
 
 void enqueue_layer(cudaStream_t stream, const CudaMoeExperts& ex, TensorView x, TensorView ids,
@@ -145,6 +136,9 @@ void enqueue_layer(cudaStream_t stream, const CudaMoeExperts& ex, TensorView x, 
 // three) and records the fastest. Leaves `out` holding a correct result.
 MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, TensorView ids,
                TensorView weights, TensorView out, const std::string& key) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TETRA_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(ctx.stream), &capturing));
+  TETRA_CHECK(capturing == cudaStreamCaptureStatusNone, "moe: tuning times the stream; it cannot run under capture");
   const int64_t T = x.dim(0);
   const int top_k = int(ids.dim(1));
   const std::span<const int> tiles = moe_tile_choices(ex.format);
@@ -188,13 +182,16 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
 
 MoeConfig pick_moe_config(const Context& ctx, const MoeExperts& experts, int64_t n_tokens, int top_k) {
   const auto& ex = as_cuda(experts);
-  if (auto c = ex.tuner->find(tune_key(ctx, ex, n_tokens, top_k))) return *c;
+  if (ex.tuner)
+    if (auto c = ex.tuner->find(tune_key(ctx, ex, n_tokens, top_k))) return *c;
   return heuristic_config(ex, n_tokens, top_k);
 }
 
-void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
-                 const MoeExperts& experts, TensorView out, MoeConfig config) {
-  const auto& ex = as_cuda(experts);
+namespace {
+
+// The checks moe_experts and tune_moe share; the number of tokens.
+int64_t check_moe_call(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
+                       const CudaMoeExperts& ex, TensorView out) {
   const int64_t H = ex.shape.hidden;
   TETRA_CHECK(x.shape.rank == 2 && ids.shape.rank == 2, "moe: x must be [T, H], ids [T, k]");
   const int64_t T = x.dim(0);
@@ -204,19 +201,39 @@ void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView we
   check_view(weights, DType::F32, T, top_k, "expert weights");
   check_view(out, DType::BF16, T, H, "out");
   TETRA_CHECK(top_k >= 1 && top_k <= ex.shape.n_experts, "moe: top_k must be in 1..E");
-  if (T == 0) return;
   TETRA_CHECK(T * (top_k + 1) < (int64_t(1) << 31), "moe: too many tokens for one call");
-  const int64_t need = moe_workspace_bytes(experts, T, top_k);
-  TETRA_CHECK(ctx.workspace.data && ctx.workspace.bytes >= need, "moe: the workspace holds ",
+  const int64_t need = moe_workspace_bytes(ex, T, top_k);
+  TETRA_CHECK(T == 0 || (ctx.workspace.data && ctx.workspace.bytes >= need), "moe: the workspace holds ",
               ctx.workspace.bytes, " bytes, ", need, " are needed (moe_workspace_bytes)");
+  return T;
+}
+
+}  // namespace
+
+MoeConfig tune_moe(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
+                   const MoeExperts& experts, TensorView out) {
+  const auto& ex = as_cuda(experts);
+  const int64_t T = check_moe_call(ctx, x, ids, weights, ex, out);
+  const int top_k = int(ids.dim(1));
+  if (!ex.tuner || !ex.fast || T == 0) return pick_moe_config(ctx, experts, T, top_k);
+  return tune(ctx, ex, x, ids, weights, out, tune_key(ctx, ex, T, top_k));
+}
+
+void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
+                 const MoeExperts& experts, TensorView out, MoeConfig config) {
+  const auto& ex = as_cuda(experts);
+  const int64_t T = check_moe_call(ctx, x, ids, weights, ex, out);
+  const int top_k = int(ids.dim(1));
+  if (T == 0) return;
   auto stream = static_cast<cudaStream_t>(ctx.stream);
-  if (config.tile_tokens == 0) {
-    config = pick_moe_config(ctx, experts, T, top_k);
-    if (!config.tuned && autotune_enabled(stream)) {
-      tune(ctx, ex, x, ids, weights, out, tune_key(ctx, ex, T, top_k));
-      return;  // tune() leaves the result in out
-    }
+  if (!ex.fast) {
+    TETRA_CHECK(config.tile_tokens == 0, "moe: experts of hidden size ", ex.shape.hidden, " and intermediate size ",
+                ex.shape.intermediate, " run on the general path, which takes no tile");
+    launch_moe_general(stream, ex, x.as<const uint16_t>(), ids.as<const int>(), weights.as<const float>(), int(T),
+                       top_k, ctx.workspace.data, out.as<uint16_t>());
+    return;
   }
+  if (config.tile_tokens == 0) config = pick_moe_config(ctx, experts, T, top_k);
   const std::span<const int> tiles = moe_tile_choices(ex.format);
   TETRA_CHECK(std::find(tiles.begin(), tiles.end(), config.tile_tokens) != tiles.end(), "moe: tile_tokens ",
               config.tile_tokens, " is not one the kernels take for ",

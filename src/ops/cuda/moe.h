@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,17 +27,28 @@ struct MoeShape {
 // Routed experts (and the optional shared expert) packed for the MoE kernels.
 class CudaMoeExperts;
 
-// Packs experts (host or device views; all NVFP4 or all dense BF16, all of one shape) into
-// device memory. The shared expert, if given, must have the routed experts' shape; it is
-// applied to every token with weight 1, after the routed experts (FORMATS.md §2.2).
-std::unique_ptr<MoeExperts> prepare_experts(const Context& ctx, const std::vector<MlpWeights>& experts,
-                                            const MlpWeights* shared = nullptr);
+class MoeTuner;
+class Uploader;
 
-// Experts with random weights drawn on the device, for benchmarks (no host copy of 5 GB).
+// Packs experts (host views, read straight from the checkpoint's mapping; all NVFP4 or all
+// dense BF16/F32, all of one shape) into device memory through `uploader` (pinned staging,
+// queued copies: finish() it before the host memory goes away), or with plain copies when it
+// is null. The shared expert, if given, must have the routed experts' shape; it is applied to
+// every token with weight 1, after the routed experts (FORMATS.md §2.2). `tuner` (may be
+// null: the heuristic decides) holds the tile choices moe_experts reads.
+std::unique_ptr<MoeExperts> prepare_experts(const Context& ctx, const std::vector<MlpWeights>& experts,
+                                            const MlpWeights* shared = nullptr, MoeTuner* tuner = nullptr,
+                                            Uploader* uploader = nullptr);
+
+// Experts with random weights drawn on the device: for benchmarks (no host copy of 5 GB) and
+// --load-format dummy. The values are those the CPU backend's random_experts draws from the
+// same seed (core/dummy_random.h), so a dummy model is one model on both backends.
 std::unique_ptr<MoeExperts> random_experts(const Context& ctx, const MoeShape& shape,
-                                           WeightFormat format, uint64_t seed);
+                                           WeightFormat format, uint64_t seed, MoeTuner* tuner = nullptr,
+                                           std::optional<WeightFormat> down_format = std::nullopt);
 
 const MoeShape& experts_shape(const MoeExperts& experts);
+WeightFormat experts_format(const MoeExperts& experts);
 int64_t experts_bytes_per_expert(const MoeExperts& experts);
 
 // logits F32 [T, E] -> ids I32 [T, top_k], weights F32 [T, top_k] (FORMATS.md §2.2).
@@ -64,10 +76,20 @@ int64_t moe_workspace_bytes(const MoeExperts& experts, int64_t n_tokens, int top
 void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
                  const MoeExperts& experts, TensorView out, MoeConfig config = {});
 
-// The configuration moe_experts would pick for T tokens: the tuner's choice for this GPU, shape
-// and token bucket if it has one, else the heuristic. moe_experts with config.tile_tokens = 0
-// tunes on first use (timing the candidates on its inputs, outside stream capture) unless the
-// environment sets TETRA_MOE_AUTOTUNE=0.
+// The configuration moe_experts picks for T tokens (config.tile_tokens = 0): the tuner's
+// choice for this GPU, shape and token bucket if it has one, else the heuristic. moe_experts
+// never tunes: tune_moe does, at warm-up.
 MoeConfig pick_moe_config(const Context& ctx, const MoeExperts& experts, int64_t n_tokens, int top_k);
+
+// Times the heuristic's tile and its neighbours on these inputs (one warm-up, best of three),
+// records the fastest in the experts' tuner and returns it; `out` is left holding the chosen
+// tile's result. Synchronizes the stream: never under stream capture. Experts without a tuner,
+// or off the fast kernels' grid, return the heuristic's choice untimed.
+MoeConfig tune_moe(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
+                   const MoeExperts& experts, TensorView out);
+
+// Whether the fast kernels take these experts (hidden and intermediate sizes multiples of
+// 128); other shapes run on a general path that is exact but slow.
+bool moe_fast_path(const MoeExperts& experts);
 
 }  // namespace tetra::ops::cuda

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tune.h"
@@ -20,7 +21,11 @@ inline constexpr int kMoeChunkK = 128;
 // (nvfp4_permute_word) so the kernel turns them into bf16 pairs with two masks and a shift.
 class CudaMoeExperts final : public MoeExperts {
  public:
-  CudaMoeExperts(const MoeShape& shape, WeightFormat format);
+  // down_format differs from format only where a checkpoint leaves the down projections
+  // unquantized (an intermediate size that is no multiple of 16); only the general path
+  // takes such experts.
+  CudaMoeExperts(const MoeShape& shape, WeightFormat format, MoeTuner* tuner,
+                 std::optional<WeightFormat> down_format = std::nullopt);
   ~CudaMoeExperts() override;
   CudaMoeExperts(const CudaMoeExperts&) = delete;
   CudaMoeExperts& operator=(const CudaMoeExperts&) = delete;
@@ -29,7 +34,8 @@ class CudaMoeExperts final : public MoeExperts {
   int n_stored() const { return shape.n_experts + (shape.shared_expert ? 1 : 0); }
 
   MoeShape shape;
-  WeightFormat format;  // Nvfp4 or Dense (BF16)
+  WeightFormat format;       // gate/up: Nvfp4 or Dense (BF16)
+  WeightFormat down_format;  // down: the same, but for mixed checkpoints
   // w13: per expert [2I, H] (gate rows, then up rows); w2: per expert [H, I].
   // Nvfp4: uint8 [E', 2I, H/2] and [E', H, I/2]; Dense: bf16 [E', 2I, H] and [E', H, I].
   void* w13 = nullptr;
@@ -37,8 +43,11 @@ class CudaMoeExperts final : public MoeExperts {
   uint8_t* w13_scale = nullptr;  // Nvfp4: E4M3 [E', 2I, H/16]
   uint8_t* w2_scale = nullptr;   // Nvfp4: E4M3 [E', H, I/16]
   float* global_scale = nullptr; // [E', 3]: gate, up, down (1 for Dense)
-  // Tuned configurations (shared through the cache file by every layer of one shape).
-  std::unique_ptr<MoeTuner> tuner;
+  // Tuned configurations, the backend's (one for every layer); null: the heuristic decides.
+  MoeTuner* tuner = nullptr;
+  // Hidden and intermediate sizes on the fast kernels' grid (multiples of 128); else the
+  // general kernels (moe_general.cu) run these experts.
+  bool fast = false;
 
   int64_t w13_expert_bytes() const;
   int64_t w2_expert_bytes() const;
@@ -48,7 +57,7 @@ class CudaMoeExperts final : public MoeExperts {
 
 // The checkpoint word (value i of 8 at bits 4i..4i+3) in the kernel's order: values 0..7 at
 // bits 12, 28, 8, 24, 4, 20, 0, 16.
-inline uint32_t nvfp4_permute_word(uint32_t w) {
+constexpr uint32_t nvfp4_permute_word(uint32_t w) {
   constexpr int kDst[8] = {12, 28, 8, 24, 4, 20, 0, 16};
   uint32_t out = 0;
   for (int i = 0; i < 8; ++i) out |= ((w >> (4 * i)) & 0xfu) << kDst[i];
@@ -125,6 +134,16 @@ void launch_gate_up_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const u
                           const MoeScratch& s, int tile_tokens);
 void launch_down_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
                        int tile_tokens);
+
+// ---- the general path (moe_general.cu): any hidden and intermediate size (multiples of 16
+// for NVFP4), f32 intermediates, the routed outputs summed in expert order as the CPU sums
+// them, then the shared expert ----
+int64_t moe_general_scratch_bytes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k);
+void launch_moe_general(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x, const int* ids,
+                        const float* weights, int n_tokens, int top_k, void* scratch, uint16_t* out);
+
+// ---- dummy experts (moe_general.cu): the CPU's random_experts, value for value ----
+void launch_fill_dummy_experts(cudaStream_t stream, const CudaMoeExperts& ex, uint64_t seed);
 
 // ---- device fills (sm90_moe_route.cu) ----
 // Bytes uniform in [lo, lo + span), span in 1..256.

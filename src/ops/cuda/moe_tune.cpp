@@ -1,7 +1,6 @@
 // The MoE tuning cache (see moe_tune.h).
 #include "ops/cuda/moe_tune.h"
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,13 +10,6 @@
 namespace tetra::ops::cuda {
 
 namespace fs = std::filesystem;
-
-std::string moe_tune_cache_path() {
-  if (const char* p = std::getenv("TETRA_MOE_TUNE_CACHE")) return p;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tetra/moe_tune.json";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/tetra/moe_tune.json";
-  return {};
-}
 
 int moe_token_bucket(int64_t n_tokens) {
   int b = 1;

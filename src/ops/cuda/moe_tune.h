@@ -1,7 +1,7 @@
-// Autotuning of the MoE GEMM configuration: on the first call for a (GPU, weight format, shape,
-// top-k, token bucket), time the candidate tiles on the call's own inputs and keep the fastest,
-// in memory and in a JSON cache file so a restart reuses it. Never runs while a stream is
-// being captured (timing needs a host sync); then the heuristic decides.
+// The MoE GEMM configurations tune_moe chose per (GPU, weight format, shape, top-k, token
+// bucket): kept in memory and in a JSON cache file so a restart reuses them. Tuning happens at the backend's
+// warm-up, never inside a forward (timing needs a host sync); untuned buckets take the
+// heuristic. The cache file's path is the caller's (the CLI reads it from the environment).
 #pragma once
 
 #include <map>
@@ -30,10 +30,6 @@ class MoeTuner {
   std::mutex mu_;
   std::map<std::string, MoeConfig> entries_;
 };
-
-// The cache file: $TETRA_MOE_TUNE_CACHE, else $XDG_CACHE_HOME/tetra/moe_tune.json, else
-// ~/.cache/tetra/moe_tune.json; empty when none can be named.
-std::string moe_tune_cache_path();
 
 // Token counts are tuned in power-of-two buckets.
 int moe_token_bucket(int64_t n_tokens);

@@ -16,6 +16,7 @@
 
 #include "core/dtype.h"
 #include "ops/cuda/moe.h"
+#include "ops/cuda/moe_tune.h"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -164,12 +165,12 @@ void run_case(const MoeCase& c) {
   }
 
   const std::string cache = testing::TempDir() + "tetra_moe_tune_" + std::to_string(getpid()) + ".json";
-  setenv("TETRA_MOE_TUNE_CACHE", cache.c_str(), 1);
+  MoeTuner tuner(cache);
   Context ctx;
   std::vector<MlpWeights> views;
   for (const auto& e : experts) views.push_back(e.view());
   const MlpWeights shared_view = shared.view();
-  auto prepared = prepare_experts(ctx, views, c.shared ? &shared_view : nullptr);
+  auto prepared = prepare_experts(ctx, views, c.shared ? &shared_view : nullptr, &tuner);
 
   DevBuf dx(x.size() * 2), dids(ids.size() * 4), dw(w.size() * 4), dout(x.size() * 2);
   const int64_t ws_bytes = moe_workspace_bytes(*prepared, c.T, c.k);
@@ -179,7 +180,7 @@ void run_case(const MoeCase& c) {
   CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   ctx.workspace = Workspace{ws.p, ws_bytes};
 
-  // 0: the tuner's choice (times the candidates on first use, into a test-local cache).
+  // 0: the tuner's choice (tune_moe times the candidates first, into a test-local cache).
   for (int tile : {0, 8, 16, 32, 64, 128, 192, 256}) {
     SCOPED_TRACE(testing::Message() << c.name << " tile_tokens=" << tile);
     if (tile >= 128 && c.format == WeightFormat::Dense) {
@@ -192,6 +193,10 @@ void run_case(const MoeCase& c) {
     }
     CK(cudaMemset(dout.p, 0xff, x.size() * 2));  // NaN: every element must be written
     CK(cudaMemset(ws.p, 0xff, size_t(ws_bytes)));
+    if (tile == 0)
+      tune_moe(ctx, dev_view(dx.p, DType::BF16, {c.T, c.H}), dev_view(dids.p, DType::I32, {c.T, c.k}),
+               dev_view(dw.p, DType::F32, {c.T, c.k}), *prepared, dev_view(dout.p, DType::BF16, {c.T, c.H}));
+    CK(cudaMemset(dout.p, 0xff, x.size() * 2));
     moe_experts(ctx, dev_view(dx.p, DType::BF16, {c.T, c.H}), dev_view(dids.p, DType::I32, {c.T, c.k}),
                 dev_view(dw.p, DType::F32, {c.T, c.k}), *prepared,
                 dev_view(dout.p, DType::BF16, {c.T, c.H}), MoeConfig{tile});
@@ -215,7 +220,7 @@ void run_case(const MoeCase& c) {
     }
     EXPECT_LT(std::sqrt(err2 / ref2), 1e-2);
     if (tile == 0) {
-      // The first auto call tuned and recorded its choice; the next one finds it.
+      // tune_moe recorded its choice; moe_experts found it.
       const MoeConfig picked = pick_moe_config(ctx, *prepared, c.T, c.k);
       EXPECT_TRUE(picked.tuned) << picked.why;
       EXPECT_TRUE(std::ifstream(cache).good()) << cache;
@@ -391,7 +396,7 @@ TEST(MoeCudaVsCpu, RouteAndExpertsMatchTheCpuBackend) {
 
   // CPU.
   auto cpu = make_cpu_backend(2);
-  auto cpu_experts = cpu->prepare_experts(views);
+  auto cpu_experts = cpu->prepare_experts(views, nullptr);
   std::vector<int> cpu_ids(size_t(T * k));
   std::vector<float> cpu_w(size_t(T * k)), cpu_out(size_t(T * H));
   RoutingSpec cpu_spec = spec;

@@ -1,0 +1,39 @@
+#include "device_options.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+
+namespace tetra::cli {
+
+void add_device_flags(CLI::App& app, DeviceFlags& flags, bool load_format) {
+  app.add_option("--device", flags.device, "auto (cuda where a GPU answers, else cpu), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  if (load_format)
+    app.add_option("--load-format", flags.load_format,
+                   "auto (the safetensors checkpoint) or dummy (random weights from config.json alone)")
+        ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
+  app.add_option("--threads", flags.threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 4096));
+}
+
+std::string moe_tune_cache_path() {
+  if (const char* p = std::getenv("TETRA_MOE_TUNE_CACHE")) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tetra/moe_tune.json";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/tetra/moe_tune.json";
+  return {};
+}
+
+ops::BackendOptions backend_options(const DeviceFlags& flags) {
+  ops::BackendOptions o;
+  o.device = flags.device;
+  o.n_threads = flags.threads;
+  o.moe_tune_cache = moe_tune_cache_path();
+  const char* autotune = std::getenv("TETRA_MOE_AUTOTUNE");
+  o.moe_autotune = !(autotune && std::string(autotune) == "0");
+  if (flags.device == "cuda")
+    TETRA_CHECK(ops::cuda_device_available(), "--device cuda: no CUDA device answers on this machine",
+                " (or this build has no CUDA backend); use --device cpu");
+  return o;
+}
+
+}  // namespace tetra::cli

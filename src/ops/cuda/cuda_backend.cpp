@@ -1,0 +1,396 @@
+// ops::Backend on one GPU: argument checks and dispatch to the op families (elementwise,
+// norm, rope, kv_write, linear / gemm_dense, attention_gqa, moe, sampling). Scratch comes
+// from the caller's step arena; weights from the weight arena; no op synchronizes.
+#include "ops/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <random>
+#include <tuple>
+
+#include "core/log.h"
+#include "ops/cuda/attention_gqa.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_memory.h"
+#include "ops/cuda/elementwise.h"
+#include "ops/cuda/gemm_dense.h"
+#include "ops/cuda/kv_write.h"
+#include "ops/cuda/linear.h"
+#include "ops/cuda/moe.h"
+#include "ops/cuda/moe_tune.h"
+#include "ops/cuda/norm.h"
+#include "ops/cuda/rope.h"
+#include "ops/cuda/sampling.h"
+
+namespace tetra::ops::cuda {
+namespace {
+
+cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+TensorView scratch(const Context& ctx, int64_t bytes, const char* op) {
+  TETRA_CHECK(ctx.arena, op, " on CUDA takes its scratch from the step arena; the context has none");
+  return ctx.arena->alloc(DType::U8, {std::max<int64_t>(bytes, 1)});
+}
+
+void check_device(const TensorView& t, const char* op, const char* what) {
+  TETRA_CHECK(t.empty() || t.device == Device::Cuda, op, ": ", what, " is not on the CUDA device");
+}
+
+[[noreturn]] void mla_not_here(const char* op) {
+  fail(op, " (MLA attention and the DSA indexer) does not run on the CUDA backend yet: serve the "
+       "deepseek_v3, glm4_moe_lite and glm_moe_dsa families with --device cpu");
+}
+
+// One MoE layer's experts on the device: the routed experts (with the shared expert fused in
+// when it has their width), or a shared expert of another width run as a plain MLP after.
+class LayerExperts final : public MoeExperts {
+ public:
+  LayerExperts(std::unique_ptr<MoeExperts> routed, std::optional<MlpWeights> separate_shared)
+      : routed_(std::move(routed)), shared_(std::move(separate_shared)) {}
+  int64_t n_experts() const override { return routed_->n_experts(); }
+  const MoeExperts& routed() const { return *routed_; }
+  const MlpWeights* separate_shared() const { return shared_ ? &*shared_ : nullptr; }
+
+ private:
+  std::unique_ptr<MoeExperts> routed_;
+  std::optional<MlpWeights> shared_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& o)
+      : device_(o.device_index), tuner_(o.moe_tune_cache), autotune_(o.moe_autotune) {
+    TETRA_CUDA_CHECK(cudaSetDevice(device_));
+    cudaDeviceProp p{};
+    TETRA_CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
+    props_.name = p.name;
+    props_.sm_count = p.multiProcessorCount;
+    props_.l2_bytes = p.l2CacheSize;
+    props_.max_smem_per_block = int64_t(p.sharedMemPerBlockOptin);
+    props_.cc_major = p.major;
+    props_.cc_minor = p.minor;
+    TETRA_CHECK(p.major == 9 && p.minor == 0, "the CUDA backend is built for Hopper (sm_90a); ", p.name,
+                " is compute capability ", p.major, ".", p.minor);
+    TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ctx_.stream = stream_;
+    ctx_.props = &props_;
+    gemm_ = std::make_unique<DenseGemm>();
+  }
+  ~CudaBackend() override {
+    uploader_.reset();
+    gemm_.reset();
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+
+  Device device() const override { return Device::Cuda; }
+  std::string name() const override {
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    return str_cat("cuda:", device_, " (", props_.name, ", ", props_.sm_count, " SMs, ",
+                   std::round(double(total) / (1 << 30) * 10) / 10, " GiB)");
+  }
+  Context& context() override { return ctx_; }
+  DType activation_dtype() const override { return DType::BF16; }
+  DType kv_dtype() const override { return DType::BF16; }
+
+  // ---- memory ----
+  std::unique_ptr<Buffer> alloc(DType dtype, Shape shape) override {
+    return std::make_unique<DeviceBuffer>(dtype, shape);
+  }
+  std::unique_ptr<Buffer> alloc_host(int64_t bytes) override { return std::make_unique<PinnedBuffer>(bytes); }
+  void copy_from_host(TensorView dst, const void* src) override {
+    copy_and_wait(stream_, dst.data, src, size_t(dst.nbytes()), cudaMemcpyHostToDevice);
+  }
+  void copy_from_host_async(const Context& ctx, TensorView dst, const void* src) override {
+    TETRA_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, size_t(dst.nbytes()), cudaMemcpyHostToDevice, stream_of(ctx)));
+  }
+  void copy_to_host(void* dst, TensorView src) override {
+    copy_and_wait(stream_, dst, src.data, size_t(src.nbytes()), cudaMemcpyDeviceToHost);
+  }
+  void fill_zero(TensorView dst) override {
+    TETRA_CUDA_CHECK(cudaMemsetAsync(dst.data, 0, size_t(dst.nbytes()), stream_));
+  }
+  MemoryInfo memory_info() const override {
+    size_t free = 0, total = 0;
+    TETRA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return {int64_t(free), int64_t(total)};
+  }
+  TensorView upload(TensorView host) override {
+    if (host.empty() || host.device == Device::Cuda) return host;
+    TensorView d = host;
+    d.data = weights_.alloc(host.nbytes());
+    d.device = Device::Cuda;
+    uploader().copy(d.data, host.data, host.nbytes());
+    return d;
+  }
+  LinearWeight upload(const LinearWeight& host) override {
+    LinearWeight w = host;
+    w.weight = upload(host.weight);
+    w.block_scale = upload(host.block_scale);
+    w.bias = upload(host.bias);
+    return w;
+  }
+  std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts,
+                                              const MlpWeights* shared) override {
+    const bool fuse = shared && shared->gate.n_out == experts.at(0).gate.n_out;
+    auto routed = cuda::prepare_experts(ctx_, experts, fuse ? shared : nullptr, &tuner_, &uploader());
+    std::optional<MlpWeights> separate;
+    if (shared && !fuse) separate = MlpWeights{upload(shared->gate), upload(shared->up), upload(shared->down)};
+    return std::make_unique<LayerExperts>(std::move(routed), std::move(separate));
+  }
+  std::unique_ptr<Buffer> random_tensor(DType dtype, Shape shape, const RandomFill& fill, uint64_t seed) override {
+    auto b = alloc(dtype, shape);
+    cuda::fill_random(stream_, b->view(), fill, seed);
+    return b;
+  }
+  std::unique_ptr<MoeExperts> random_experts(const ExpertsSpec& spec, uint64_t seed) override {
+    const MoeShape shape{spec.hidden, spec.intermediate, spec.n_experts, spec.shared_expert};
+    return std::make_unique<LayerExperts>(cuda::random_experts(ctx_, shape, spec.format, seed, &tuner_), std::nullopt);
+  }
+  void warm_up(const Context& ctx, const std::vector<const MoeExperts*>& experts, int top_k,
+               int64_t max_tokens) override;
+  void synchronize() override {
+    if (uploader_) uploader_->finish();
+    TETRA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // ---- ops ----
+  void embedding(const Context& ctx, TensorView table, TensorView ids, TensorView out) override {
+    cuda::embedding(stream_of(ctx), table, ids, out);
+  }
+  void rms_norm(const Context& ctx, TensorView x, TensorView weight, float eps, TensorView out) override {
+    check_device(x, "rms_norm", "x");
+    cuda::rms_norm(stream_of(ctx), x, weight, eps, out);
+  }
+  void layer_norm(const Context& ctx, TensorView x, TensorView weight, TensorView bias, float eps,
+                  TensorView out) override {
+    cuda::layer_norm(stream_of(ctx), x, weight, bias, eps, out);
+  }
+  void linear(const Context& ctx, TensorView x, const LinearWeight& w, TensorView out) override {
+    check_device(x, "linear", "x");
+    check_device(w.weight, "linear", "the weight");
+    TETRA_CHECK(x.dim(-1) == w.n_in && out.dim(-1) == w.n_out, "linear: input width ", x.dim(-1),
+                " and output width ", out.dim(-1), " do not match a weight of ", w.n_out, "x", w.n_in);
+    if (gemm_->linear(stream_of(ctx), x, w, out)) {
+      if (!w.bias.empty()) cuda::add_bias(stream_of(ctx), out, w.bias);
+      return;
+    }
+    linear_general(stream_of(ctx), x, w, out);
+  }
+  void rope(const Context& ctx, TensorView x, TensorView positions, const RopeSpec& spec) override {
+    cuda::rope(stream_of(ctx), x, positions, spec);
+  }
+  void kv_write(const Context& ctx, TensorView k, TensorView v, const AttentionBatch& batch,
+                const KvCacheLayer& cache) override {
+    cache_write(ctx, k, batch, cache.k);
+    cache_write(ctx, v, batch, cache.v);
+  }
+  void cache_write(const Context& ctx, TensorView rows, const AttentionBatch& batch, TensorView cache) override {
+    cuda::cache_write(stream_of(ctx), rows, batch.slot_mapping, cache);
+  }
+  void attention(const Context& ctx, TensorView q, const KvCacheLayer& cache, const AttentionBatch& batch,
+                 float scale, TensorView out) override;
+  void mla_attention(const Context&, TensorView, TensorView, const KvCacheLayer&, const AttentionBatch&, float,
+                     TensorView, TensorView) override {
+    mla_not_here("mla_attention");
+  }
+  void dsa_select(const Context&, TensorView, TensorView, const KvCacheLayer&, const AttentionBatch&, float, float,
+                  TensorView) override {
+    mla_not_here("dsa_select");
+  }
+  void head_linear(const Context&, TensorView, const LinearWeight&, int64_t, int64_t, int64_t, bool,
+                   TensorView) override {
+    mla_not_here("head_linear");
+  }
+  void copy_columns(const Context& ctx, TensorView src, int64_t src_col0, TensorView dst, int64_t dst_col0,
+                    int64_t n) override {
+    cuda::copy_columns(stream_of(ctx), src, src_col0, dst, dst_col0, n);
+  }
+  void silu_mul(const Context& ctx, TensorView gate, TensorView up, TensorView out) override {
+    cuda::silu_mul(stream_of(ctx), gate, up, out);
+  }
+  void add(const Context& ctx, TensorView a, TensorView b, TensorView out) override {
+    cuda::add(stream_of(ctx), a, b, out);
+  }
+  void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
+             TensorView weights) override {
+    cuda::route(ctx, logits, spec, ids, weights);
+  }
+  void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights, const MoeExperts& experts,
+                   TensorView out) override;
+  void gather_rows(const Context& ctx, TensorView x, TensorView rows, TensorView out) override {
+    cuda::gather_rows(stream_of(ctx), x, rows, out);
+  }
+  void sample(const Context& ctx, TensorView logits, TensorView rows, TensorView penalty_ids,
+              TensorView penalty_counts, TensorView out) override;
+
+ private:
+  Uploader& uploader() {
+    if (!uploader_) uploader_ = std::make_unique<Uploader>(stream_);
+    return *uploader_;
+  }
+  const LayerExperts& layer_experts(const MoeExperts& e) const {
+    const auto* l = dynamic_cast<const LayerExperts*>(&e);
+    TETRA_CHECK(l, "moe: experts were not prepared by the CUDA backend");
+    return *l;
+  }
+
+  int device_;
+  DeviceProps props_;
+  cudaStream_t stream_ = nullptr;
+  Context ctx_;
+  std::unique_ptr<DenseGemm> gemm_;
+  WeightArena weights_;
+  std::unique_ptr<Uploader> uploader_;
+  MoeTuner tuner_;
+  bool autotune_;
+};
+
+void CudaBackend::attention(const Context& ctx, TensorView q, const KvCacheLayer& cache, const AttentionBatch& batch,
+                            float scale, TensorView out) {
+  TETRA_CHECK(q.shape.rank == 3 && cache.k.shape.rank == 4 && cache.v.shape.rank == 4,
+              "attention: q must be [T, heads, d] and the cache [blocks, block_size, kv_heads, d]");
+  TETRA_CHECK(q.dtype == DType::BF16 && out.dtype == DType::BF16 && cache.k.dtype == DType::BF16 &&
+                  cache.v.dtype == DType::BF16,
+              "attention: CUDA attention reads BF16 queries and a BF16 cache");
+  PagedAttentionParams p;
+  p.q = q.as<const uint16_t>();
+  p.k_cache = cache.k.as<const uint16_t>();
+  p.v_cache = cache.v.as<const uint16_t>();
+  p.out = out.as<uint16_t>();
+  p.positions = batch.positions.as<const int32_t>();
+  p.seq_starts = batch.seq_starts.as<const int32_t>();
+  p.seq_lens = batch.seq_lens.as<const int32_t>();
+  p.block_tables = batch.block_tables.as<const int32_t>();
+  p.n_tokens = batch.n_tokens;
+  p.n_seqs = batch.n_seqs;
+  p.n_heads = int(q.dim(1));
+  p.n_kv_heads = int(cache.k.dim(2));
+  p.d_k = int(q.dim(2));
+  p.d_v = int(cache.v.dim(3));
+  p.block_size = batch.block_size;
+  p.max_blocks_per_seq = batch.max_blocks_per_seq;
+  p.max_query_len = batch.max_query_len;
+  p.max_seq_len = batch.max_seq_len;
+  p.scale = scale;
+  TETRA_CHECK(out.numel() == int64_t(p.n_tokens) * p.n_heads * p.d_v, "attention: the output is ", out.shape.str());
+  if (p.n_tokens == 0) return;
+  const int64_t ws = paged_attention_workspace_bytes(p, props_.sm_count);
+  void* w = ws > 0 ? scratch(ctx, ws, "attention").data : nullptr;
+  paged_attention(stream_of(ctx), p, w, ws, props_.sm_count);
+}
+
+void CudaBackend::moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
+                              const MoeExperts& experts, TensorView out) {
+  const LayerExperts& le = layer_experts(experts);
+  const int64_t T = x.dim(0);
+  Context c = ctx;
+  const int64_t ws = moe_workspace_bytes(le.routed(), T, int(ids.dim(1)));
+  const TensorView w = scratch(ctx, ws, "moe_experts");
+  c.workspace = Workspace{w.data, w.nbytes()};
+  cuda::moe_experts(c, x, ids, weights, le.routed(), out);
+  if (const MlpWeights* sh = le.separate_shared()) {
+    // A shared expert of another width: down(silu(gate x) * up x), added after the routed sum.
+    Arena& arena = *ctx.arena;
+    const TensorView g = arena.alloc(DType::BF16, {T, sh->gate.n_out});
+    const TensorView u = arena.alloc(DType::BF16, {T, sh->up.n_out});
+    const TensorView d = arena.alloc(DType::BF16, {T, sh->down.n_out});
+    linear(ctx, x, sh->gate, g);
+    linear(ctx, x, sh->up, u);
+    silu_mul(ctx, g, u, g);
+    linear(ctx, g, sh->down, d);
+    add(ctx, out, d, out);
+  }
+}
+
+void CudaBackend::sample(const Context& ctx, TensorView logits, TensorView rows, TensorView penalty_ids,
+                         TensorView penalty_counts, TensorView out) {
+  TETRA_CHECK(logits.shape.rank == 2 && logits.dtype == DType::F32, "sample: logits must be F32 [R, V]");
+  const int64_t n_rows = logits.dim(0), vocab = logits.dim(1);
+  TETRA_CHECK(rows.nbytes() == n_rows * int64_t(sizeof(SamplingRow)) &&
+                  out.nbytes() == n_rows * int64_t(sizeof(SampledToken)) &&
+                  penalty_ids.numel() == penalty_counts.numel(),
+              "sample: ", n_rows, " rows of logits need as many SamplingRow and SampledToken records");
+  if (n_rows == 0) return;
+  const int64_t ws = sample_workspace_bytes(n_rows, vocab);
+  void* w = ws > 0 ? scratch(ctx, ws, "sample").data : nullptr;
+  launch_sample(stream_of(ctx), logits.as<const float>(), n_rows, vocab, rows.as<const SamplingRow>(),
+                penalty_ids.as<const int32_t>(), penalty_counts.as<const int32_t>(), penalty_ids.numel(),
+                out.as<SampledToken>(), w);
+}
+
+// Tunes the MoE tiles of each distinct expert shape for token counts 1, 2, 4, ... up to
+// max_tokens, on random inputs (the tuner keys on power-of-two buckets), before any forward.
+void CudaBackend::warm_up(const Context& ctx, const std::vector<const MoeExperts*>& experts, int top_k,
+                          int64_t max_tokens) {
+  if (!autotune_) return;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, const MoeExperts*> shapes;
+  for (const MoeExperts* e : experts) {
+    const MoeExperts& routed = layer_experts(*e).routed();
+    if (!moe_fast_path(routed)) continue;
+    const MoeShape& s = experts_shape(routed);
+    shapes.emplace(std::make_tuple(s.hidden, s.intermediate, int64_t(s.n_experts), int(experts_format(routed)),
+                                   s.shared_expert),
+                   &routed);
+  }
+  if (shapes.empty()) return;
+  std::mt19937 rng(1);
+  for (const auto& [key, routed] : shapes) {
+    const MoeShape& s = experts_shape(*routed);
+    std::string report;
+    for (int64_t t = 1;; t = std::min(2 * t, max_tokens)) {
+      DeviceBuffer x(DType::BF16, {t, s.hidden}), out(DType::BF16, {t, s.hidden});
+      DeviceBuffer ids(DType::I32, {t, top_k}), w(DType::F32, {t, top_k});
+      DeviceBuffer ws(DType::U8, {moe_workspace_bytes(*routed, t, top_k)});
+      cuda::fill_random(stream_, x.view(), {.scale = 1.0f}, uint64_t(t));
+      std::vector<int32_t> host_ids(static_cast<size_t>(t * top_k));
+      std::vector<float> host_w(static_cast<size_t>(t * top_k), 1.0f / float(top_k));
+      for (int64_t i = 0; i < t; ++i) {
+        // k distinct experts per token, uniformly: a partial Fisher-Yates draw.
+        std::vector<int32_t> pool(static_cast<size_t>(s.n_experts));
+        for (int e = 0; e < s.n_experts; ++e) pool[size_t(e)] = e;
+        for (int j = 0; j < top_k; ++j) {
+          std::uniform_int_distribution<int> pick(j, s.n_experts - 1);
+          std::swap(pool[size_t(j)], pool[size_t(pick(rng))]);
+          host_ids[size_t(i * top_k + j)] = pool[size_t(j)];
+        }
+      }
+      copy_from_host(ids.view(), host_ids.data());
+      copy_from_host(w.view(), host_w.data());
+      Context c = ctx;
+      c.workspace = Workspace{ws.view().data, ws.view().nbytes()};
+      const MoeConfig chosen = tune_moe(c, x.view(), ids.view(), w.view(), *routed, out.view());
+      report += str_cat(report.empty() ? "" : ", ", "T=", t, ": ", chosen.tile_tokens);
+      if (t >= max_tokens) break;
+    }
+    log_info("MoE tiles for H ", s.hidden, ", I ", s.intermediate, ", E ", s.n_experts, ", top-", top_k, ": ",
+             report);
+  }
+  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  TETRA_CHECK(err == cudaSuccess && n > 0, "--device cuda: no CUDA device answers (",
+              err == cudaSuccess ? "none found" : cudaGetErrorString(err), ")");
+  TETRA_CHECK(options.device_index >= 0 && options.device_index < n, "--device cuda:", options.device_index,
+              ": this machine has ", n, " CUDA device", n == 1 ? "" : "s");
+  return std::make_unique<CudaBackend>(options);
+}
+
+bool cuda_device_present() {
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  cudaGetLastError();  // a failed probe must not leave a sticky error behind
+  return ok;
+}
+
+}  // namespace tetra::ops::cuda

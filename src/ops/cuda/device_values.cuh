@@ -1,0 +1,53 @@
+// Reading and writing the backend's float-like element types in kernels: activations are
+// BF16, some outputs F32, stored weights BF16, F16 or F32. The dtype is a kernel argument;
+// branching on it is uniform across the grid.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace tetra::ops::cuda {
+
+__device__ __forceinline__ float load_float(const void* p, int64_t i, DType dt) {
+  switch (dt) {
+    case DType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::F16: return __half2float(static_cast<const __half*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_float(void* p, int64_t i, DType dt, float v) {
+  switch (dt) {
+    case DType::BF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v); break;
+    case DType::F16: static_cast<__half*>(p)[i] = __float2half(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
+  return __uint_as_float(uint32_t(b) << 16);
+}
+
+// E4M3 (float8_e4m3fn) to f32: bias 7, subnormals below exponent 1, 0x7f/0xff NaN.
+__device__ __forceinline__ float e4m3_to_float(uint8_t v) {
+  const uint32_t sign = uint32_t(v & 0x80) << 24;
+  const int exp = (v >> 3) & 0xf, man = v & 7;
+  if (exp == 0xf && man == 7) return __uint_as_float(0x7fc00000u);
+  float mag = exp == 0 ? float(man) * 0.001953125f  // man / 8 * 2^-6
+                       : __uint_as_float(uint32_t(exp - 7 + 127) << 23) * (1.0f + float(man) * 0.125f);
+  return __uint_as_float(__float_as_uint(mag) | sign);
+}
+
+// E2M1 (FP4): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, computed (a table indexed at
+// run time would sit in local memory).
+__device__ __forceinline__ float e2m1_to_float(uint32_t nibble) {
+  const uint32_t e = (nibble >> 1) & 3, f = nibble & 1;
+  const float v = e == 0 ? 0.5f * float(f) : __uint_as_float((e + 126) << 23) * (1.0f + 0.5f * float(f));
+  return (nibble & 8) ? -v : v;
+}
+
+}  // namespace tetra::ops::cuda

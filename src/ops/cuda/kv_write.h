@@ -1,0 +1,15 @@
+// Writing a step's keys and values (or MLA latents, or indexer keys) into their slots of a
+// paged cache; a slot of -1 (a padding token) writes nothing.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "ops/ops.h"
+
+namespace tetra::ops::cuda {
+
+// rows [T, ...] -> cache [n_blocks, block_size, ...] at slot_mapping[t], converting the
+// element type (activations BF16 -> cache dtype).
+void cache_write(cudaStream_t stream, TensorView rows, TensorView slot_mapping, TensorView cache);
+
+}  // namespace tetra::ops::cuda

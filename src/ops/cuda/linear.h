@@ -1,0 +1,15 @@
+// Linear layers on CUDA: out [T, n_out] = x [T, n_in] W^T (+ bias). BF16 and F16 weights go
+// through cuBLASLt (gemm_dense.h) where it takes the shape; this general kernel covers the
+// rest: NVFP4 and FP8 weights decoded in the kernel (as the CPU reference decodes them), F32
+// weights, and any size. x BF16 or F32; out BF16 or F32 (router logits, lm_head).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "ops/ops.h"
+
+namespace tetra::ops::cuda {
+
+void linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, TensorView out);
+
+}  // namespace tetra::ops::cuda

@@ -1,0 +1,16 @@
+// RMSNorm and LayerNorm over the last dimension on CUDA, f32 inside whatever is stored.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "ops/ops.h"
+
+namespace tetra::ops::cuda {
+
+// out = weight * x / sqrt(mean(x^2) + eps); out may alias x.
+void rms_norm(cudaStream_t stream, TensorView x, TensorView weight, float eps, TensorView out);
+// out = (x - mean) / sqrt(var + eps) * weight (+ bias); out may alias x.
+void layer_norm(cudaStream_t stream, TensorView x, TensorView weight, TensorView bias, float eps,
+                TensorView out);
+
+}  // namespace tetra::ops::cuda

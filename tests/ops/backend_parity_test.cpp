@@ -1,0 +1,536 @@
+// Every op of ops.h on the CUDA backend against the CPU reference, after ggml's
+// test-backend-ops: the same inputs (rounded to BF16 first, since CUDA keeps activations in
+// BF16) through both, compared by normalized mean squared error,
+//   NMSE = sum (cuda - cpu)^2 / sum cpu^2,
+// with a tolerance per op and its reason. Awkward shapes throughout: one token, sizes off
+// every tile grid, experts with no tokens, all tokens on one expert, contexts from 1 to 32k,
+// sequences of mixed lengths across block boundaries, a prefix-cached prefill.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/ops.h"
+
+namespace tetra::ops {
+namespace {
+
+// One bf16 rounding of each output value: relative error up to 2^-9, NMSE about 1.3e-6.
+constexpr double kBf16Out = 2e-5;
+// Attention and the MoE fast path also round an intermediate to bf16 (the softmax weights
+// for the tensor cores; silu(gate) * up between the expert GEMMs): NMSE about 1e-5.
+constexpr double kBf16Inner = 1e-4;
+// F32 outputs differ by summation order only.
+constexpr double kF32Out = 1e-9;
+
+float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
+double nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double e = 0, r = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;  // unwritten (poisoned) or overflowed
+    e += double(got[i] - want[i]) * (got[i] - want[i]);
+    r += double(want[i]) * want[i];
+  }
+  return r > 0 ? e / r : e;
+}
+
+// One backend with its step arena and the buffers a case made on it.
+struct Side {
+  std::unique_ptr<Backend> b;
+  std::unique_ptr<Arena> arena;
+  Context ctx;
+  std::vector<std::unique_ptr<Buffer>> keep;
+
+  explicit Side(std::unique_ptr<Backend> backend) : b(std::move(backend)), arena(std::make_unique<Arena>(*b)) {
+    ctx = b->context();
+    ctx.arena = arena.get();
+  }
+  bool cuda() const { return b->device() == Device::Cuda; }
+
+  // Values in `dtype` (F32 values converted), on this backend.
+  TensorView put(const std::vector<float>& v, Shape shape, DType dtype) {
+    keep.push_back(b->alloc(dtype, shape));
+    const TensorView t = keep.back()->view();
+    std::vector<uint16_t> half(v.size());
+    if (dtype == DType::BF16) {
+      for (size_t i = 0; i < v.size(); ++i) half[i] = f32_to_bf16(v[i]);
+      b->copy_from_host(t, half.data());
+    } else {
+      b->copy_from_host(t, v.data());
+    }
+    return t;
+  }
+  TensorView act(const std::vector<float>& v, Shape shape) { return put(v, shape, b->activation_dtype()); }
+  TensorView ints(const std::vector<int32_t>& v, Shape shape) {
+    keep.push_back(b->alloc(DType::I32, shape));
+    if (!v.empty()) b->copy_from_host(keep.back()->view(), v.data());
+    return keep.back()->view();
+  }
+  // An output, poisoned (NaN) so that an element nobody writes fails the comparison.
+  TensorView out(Shape shape, DType dtype) {
+    keep.push_back(b->alloc(dtype, shape));
+    const TensorView t = keep.back()->view();
+    std::vector<uint8_t> nan(static_cast<size_t>(t.nbytes()), 0xff);
+    b->copy_from_host(t, nan.data());
+    return t;
+  }
+  TensorView out_act(Shape shape) { return out(shape, b->activation_dtype()); }
+  std::vector<float> read(TensorView t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    if (t.dtype == DType::BF16) {
+      std::vector<uint16_t> h(v.size());
+      b->copy_to_host(h.data(), t);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_f32(h[i]);
+    } else if (t.dtype == DType::I32) {
+      std::vector<int32_t> h(v.size());
+      b->copy_to_host(h.data(), t);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = float(h[i]);
+    } else {
+      b->copy_to_host(v.data(), t);
+    }
+    return v;
+  }
+};
+
+// A linear weight in host memory (the checkpoint's side of an upload).
+struct HostLinear {
+  std::vector<uint8_t> bytes, scale;
+  std::vector<float> bias;
+  LinearWeight view;
+};
+
+struct BackendParity : ::testing::Test {
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    cpu = std::make_unique<Side>(make_cpu_backend(4));
+    gpu = std::make_unique<Side>(make_backend({.device = "cuda"}));
+  }
+  std::unique_ptr<Side> cpu, gpu;
+  std::mt19937 rng{20261201};
+
+  std::vector<float> randn(int64_t n, float scale = 1.0f, bool bf16 = true) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = bf16 ? round_bf16(d(rng)) : d(rng);
+    return v;
+  }
+
+  HostLinear host_linear(WeightFormat f, DType dtype, int64_t n_out, int64_t n_in, bool bias) {
+    HostLinear h;
+    h.view.format = f;
+    h.view.n_out = n_out;
+    h.view.n_in = n_in;
+    if (f == WeightFormat::Nvfp4) {
+      std::uniform_int_distribution<int> byte(0, 255), sc(0x28, 0x40);
+      h.bytes.resize(size_t(n_out * n_in / 2));
+      h.scale.resize(size_t(n_out * n_in / 16));
+      for (auto& b : h.bytes) b = uint8_t(byte(rng));
+      for (auto& s : h.scale) s = uint8_t(sc(rng));
+      h.view.weight = {h.bytes.data(), DType::U8, {n_out, n_in / 2}, Device::Cpu};
+      h.view.block_scale = {h.scale.data(), DType::F8_E4M3, {n_out, n_in / 16}, Device::Cpu};
+      h.view.global_scale = 0.01f;
+    } else if (f == WeightFormat::Fp8) {
+      std::uniform_int_distribution<int> mag(0x20, 0x50), sign(0, 1);
+      h.bytes.resize(size_t(n_out * n_in));
+      for (auto& b : h.bytes) b = uint8_t(mag(rng) | (sign(rng) << 7));
+      h.view.weight = {h.bytes.data(), DType::F8_E4M3, {n_out, n_in}, Device::Cpu};
+      h.view.global_scale = 0.02f;
+    } else {
+      const auto w = randn(n_out * n_in, 0.05f);
+      h.bytes.resize(size_t(n_out * n_in * dtype_bits(dtype) / 8));
+      for (size_t i = 0; i < w.size(); ++i) {
+        if (dtype == DType::F32) std::memcpy(h.bytes.data() + 4 * i, &w[i], 4);
+        const uint16_t v = dtype == DType::BF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+        if (dtype != DType::F32) std::memcpy(h.bytes.data() + 2 * i, &v, 2);
+      }
+      h.view.weight = {h.bytes.data(), dtype, {n_out, n_in}, Device::Cpu};
+    }
+    if (bias) {
+      h.bias = randn(n_out, 0.1f);
+      h.view.bias = {h.bias.data(), DType::F32, {n_out}, Device::Cpu};
+    }
+    return h;
+  }
+};
+
+void report(const std::string& what, double e, double tol) {
+  std::printf("  %-58s NMSE %.2e (tolerance %.0e)\n", what.c_str(), e, tol);
+  EXPECT_LE(e, tol) << what;
+}
+
+TEST_F(BackendParity, Embedding) {
+  for (int64_t t : {1, 37}) {
+    const int64_t vocab = 1000, hidden = 72;
+    const auto table = randn(vocab * hidden);
+    std::vector<int32_t> ids(static_cast<size_t>(t));
+    for (auto& id : ids) id = int32_t(rng() % vocab);
+    std::vector<float> got, want;
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      const TensorView tab = s->put(table, {vocab, hidden}, DType::BF16);
+      const TensorView o = s->out_act({t, hidden});
+      s->b->embedding(s->ctx, tab, s->ints(ids, {t}), o);
+      (s == cpu.get() ? want : got) = s->read(o);
+    }
+    report("embedding T=" + std::to_string(t), nmse(got, want), 0.0);  // a copy: exact
+  }
+}
+
+TEST_F(BackendParity, RmsNormAndLayerNorm) {
+  struct Case { int64_t rows, d; };
+  for (const Case c : {Case{1, 64}, Case{37, 72}, Case{300, 2048}, Case{5, 6144}, Case{68, 128}}) {
+    const auto x = randn(c.rows * c.d, 3.0f), w = randn(c.d, 0.3f), bias = randn(c.d, 0.1f);
+    for (bool layer : {false, true}) {
+      std::vector<float> got, want;
+      for (Side* s : {cpu.get(), gpu.get()}) {
+        const TensorView xv = s->act(x, {c.rows, c.d});
+        const TensorView wv = s->put(w, {c.d}, DType::BF16), bv = s->put(bias, {c.d}, DType::BF16);
+        if (layer) s->b->layer_norm(s->ctx, xv, wv, bv, 1e-6f, xv);
+        else s->b->rms_norm(s->ctx, xv, wv, 1e-6f, xv);  // in place, as the models call it
+        (s == cpu.get() ? want : got) = s->read(xv);
+      }
+      report(std::string(layer ? "layer_norm " : "rms_norm ") + std::to_string(c.rows) + "x" + std::to_string(c.d),
+             nmse(got, want), kBf16Out);
+    }
+  }
+}
+
+TEST_F(BackendParity, LinearEveryFormatAndShape) {
+  struct Case { WeightFormat f; DType dt; int64_t t, n_out, n_in; bool bias; DType out; const char* name; };
+  const Case cases[] = {
+      {WeightFormat::Dense, DType::BF16, 1, 2048, 768, false, DType::BF16, "bf16 cuBLASLt decode"},
+      {WeightFormat::Dense, DType::BF16, 300, 1024, 2048, true, DType::BF16, "bf16 cuBLASLt prefill + bias"},
+      {WeightFormat::Dense, DType::BF16, 17, 11, 37, true, DType::BF16, "bf16 odd sizes"},
+      {WeightFormat::Dense, DType::BF16, 5, 512, 64, false, DType::F32, "bf16 -> f32 (lm_head, router)"},
+      {WeightFormat::Dense, DType::F32, 7, 40, 72, false, DType::BF16, "f32 weight"},
+      {WeightFormat::Dense, DType::F16, 3, 64, 96, true, DType::BF16, "f16 weight"},
+      {WeightFormat::Nvfp4, DType::U8, 1, 768, 2048, false, DType::BF16, "nvfp4 decode"},
+      {WeightFormat::Nvfp4, DType::U8, 16, 80, 64, true, DType::BF16, "nvfp4 16 tokens + bias"},
+      {WeightFormat::Nvfp4, DType::U8, 200, 96, 160, false, DType::F32, "nvfp4 tiled, f32 out"},
+      {WeightFormat::Fp8, DType::F8_E4M3, 9, 33, 48, false, DType::BF16, "fp8 per-tensor"},
+  };
+  for (const Case& c : cases) {
+    HostLinear h = host_linear(c.f, c.dt, c.n_out, c.n_in, c.bias);
+    const auto x = randn(c.t * c.n_in);
+    std::vector<float> got, want;
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      const LinearWeight w = s->b->upload(h.view);
+      const DType odt = s->cuda() ? c.out : DType::F32;
+      const TensorView o = s->out({c.t, c.n_out}, odt);
+      s->b->linear(s->ctx, s->act(x, {c.t, c.n_in}), w, o);
+      (s == cpu.get() ? want : got) = s->read(o);
+    }
+    report(std::string("linear ") + c.name + " T=" + std::to_string(c.t), nmse(got, want),
+           c.out == DType::F32 ? kF32Out : kBf16Out);
+  }
+}
+
+TEST_F(BackendParity, Rope) {
+  struct Case { int64_t heads, dim; int rotary; bool interleaved; float scaling; int max_pos; };
+  for (const Case c : {Case{4, 24, 24, false, 1.0f, 100}, Case{8, 128, 128, false, 1.0f, 32768},
+                       Case{2, 128, 64, false, 1.0f, 4096}, Case{4, 64, 64, true, 1.2f, 40000}}) {
+    const int64_t t = 19;
+    const auto x = randn(t * c.heads * c.dim);
+    std::vector<int32_t> pos(static_cast<size_t>(t));
+    for (auto& p : pos) p = int32_t(rng() % uint32_t(c.max_pos));
+    std::vector<float> inv(static_cast<size_t>(c.rotary / 2));
+    for (int i = 0; i < c.rotary / 2; ++i) inv[size_t(i)] = float(std::pow(10000.0, -2.0 * i / c.rotary));
+    std::vector<float> got, want;
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      RopeSpec spec{.inv_freq = s->put(inv, {int64_t(inv.size())}, DType::F32), .attention_scaling = c.scaling,
+                    .rotary_dim = c.rotary, .interleaved = c.interleaved};
+      const TensorView xv = s->act(x, {t, c.heads, c.dim});
+      s->b->rope(s->ctx, xv, s->ints(pos, {t}), spec);
+      (s == cpu.get() ? want : got) = s->read(xv);
+    }
+    report("rope d=" + std::to_string(c.dim) + " rotary=" + std::to_string(c.rotary) +
+               (c.interleaved ? " interleaved" : "") + " positions<" + std::to_string(c.max_pos),
+           nmse(got, want), kBf16Out);
+  }
+}
+
+TEST_F(BackendParity, ElementwiseGatherAndColumns) {
+  const int64_t t = 33, n = 200;
+  const auto a = randn(t * n), b = randn(t * n);
+  std::vector<int32_t> rows = {32, 0, 7, 7, 31};
+  std::vector<float> got[4], want[4];
+  for (Side* s : {cpu.get(), gpu.get()}) {
+    auto& r = s == cpu.get() ? want : got;
+    const TensorView av = s->act(a, {t, n}), bv = s->act(b, {t, n});
+    const TensorView sum = s->out_act({t, n}), prod = s->out_act({t, n});
+    s->b->add(s->ctx, av, bv, sum);
+    s->b->silu_mul(s->ctx, av, bv, prod);
+    const TensorView g = s->out_act({int64_t(rows.size()), n});
+    s->b->gather_rows(s->ctx, av, s->ints(rows, {int64_t(rows.size())}), g);
+    const TensorView cols = s->act(std::vector<float>(size_t(t * 50), 0.5f), {t, 50});
+    s->b->copy_columns(s->ctx, av, 13, cols, 7, 29);
+    r[0] = s->read(sum), r[1] = s->read(prod), r[2] = s->read(g), r[3] = s->read(cols);
+  }
+  report("add", nmse(got[0], want[0]), kBf16Out);
+  report("silu_mul", nmse(got[1], want[1]), kBf16Out);
+  report("gather_rows (a copy)", nmse(got[2], want[2]), 0.0);
+  report("copy_columns (a copy)", nmse(got[3], want[3]), 0.0);
+}
+
+// A paged batch: sequences with a cached prefix (`context`) and `new_tokens` this step, their
+// blocks scattered over the pool; K/V written by kv_write, then attention, on both backends.
+struct SeqSpec { int context, new_tokens; };
+
+void attention_case(BackendParity& p, const std::vector<SeqSpec>& seqs, int heads, int kv_heads, int dim, int bs,
+                    const std::string& name) {
+  int64_t total_blocks = 0, n_tokens = 0, n_cached = 0;
+  int max_len = 0, max_q = 0;
+  for (const SeqSpec& s : seqs) {
+    total_blocks += (s.context + s.new_tokens + bs - 1) / bs;
+    n_tokens += s.new_tokens;
+    n_cached += s.context;
+    max_len = std::max(max_len, s.context + s.new_tokens);
+    max_q = std::max(max_q, s.new_tokens);
+  }
+  const int mbps = (max_len + bs - 1) / bs;
+  std::vector<int32_t> perm(static_cast<size_t>(total_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), p.rng);
+  // Two steps on the same cache: the prefixes first, then the new tokens (the prefix cache).
+  struct Step { std::vector<int32_t> pos, slots, starts{0}, lens, tables; int n = 0, max_q = 0, max_len = 0; };
+  Step pre, now;
+  int64_t next_block = 0;
+  for (const SeqSpec& s : seqs) {
+    const int len = s.context + s.new_tokens, nb = (len + bs - 1) / bs;
+    std::vector<int32_t> table(static_cast<size_t>(mbps), 0);
+    for (int b = 0; b < nb; ++b) table[size_t(b)] = perm[size_t(next_block++)];
+    auto add = [&](Step& st, int from, int to) {
+      for (int j = from; j < to; ++j) {
+        st.pos.push_back(j);
+        st.slots.push_back(table[size_t(j / bs)] * bs + j % bs);
+      }
+      st.n += to - from;
+      st.starts.push_back(st.n);
+      st.lens.push_back(to);
+      st.tables.insert(st.tables.end(), table.begin(), table.end());
+      st.max_q = std::max(st.max_q, to - from);
+      st.max_len = std::max(st.max_len, to);
+    };
+    if (s.context > 0) add(pre, 0, s.context);
+    add(now, s.context, len);
+  }
+  const int64_t pre_tokens = pre.n;
+  const auto k_pre = p.randn(pre_tokens * kv_heads * dim), v_pre = p.randn(pre_tokens * kv_heads * dim);
+  const auto k_now = p.randn(n_tokens * kv_heads * dim), v_now = p.randn(n_tokens * kv_heads * dim);
+  const auto q = p.randn(n_tokens * heads * dim);
+  std::vector<float> got, want;
+  for (Side* s : {p.cpu.get(), p.gpu.get()}) {
+    const Shape cache_shape{total_blocks, bs, kv_heads, dim};
+    KvCacheLayer cache{s->out(cache_shape, s->b->kv_dtype()), s->out(cache_shape, s->b->kv_dtype()), {}};
+    auto batch = [&](const Step& st) {
+      AttentionBatch b;
+      b.n_tokens = st.n;
+      b.n_seqs = int(st.lens.size());
+      b.block_size = bs;
+      b.max_blocks_per_seq = mbps;
+      b.max_query_len = st.max_q;
+      b.max_seq_len = st.max_len;
+      b.positions = s->ints(st.pos, {st.n});
+      b.slot_mapping = s->ints(st.slots, {st.n});
+      b.seq_starts = s->ints(st.starts, {int64_t(st.starts.size())});
+      b.seq_lens = s->ints(st.lens, {int64_t(st.lens.size())});
+      b.block_tables = s->ints(st.tables, {int64_t(st.lens.size()), mbps});
+      return b;
+    };
+    if (pre_tokens > 0) {
+      const AttentionBatch b = batch(pre);
+      s->b->kv_write(s->ctx, s->act(k_pre, {pre_tokens, kv_heads, dim}), s->act(v_pre, {pre_tokens, kv_heads, dim}),
+                     b, cache);
+    }
+    const AttentionBatch b = batch(now);
+    s->b->kv_write(s->ctx, s->act(k_now, {n_tokens, kv_heads, dim}), s->act(v_now, {n_tokens, kv_heads, dim}), b,
+                   cache);
+    const TensorView o = s->out_act({n_tokens, heads, dim});
+    s->arena->reset();
+    s->b->attention(s->ctx, s->act(q, {n_tokens, heads, dim}), cache, b, 1.0f / std::sqrt(float(dim)), o);
+    (s == p.cpu.get() ? want : got) = s->read(o);
+  }
+  report("attention " + name, nmse(got, want), kBf16Inner);
+}
+
+TEST_F(BackendParity, AttentionDecodePrefillAndMixed) {
+  attention_case(*this, {{0, 1}}, 4, 2, 24, 16, "one token, context 1, d=24");
+  attention_case(*this, {{4095, 1}}, 32, 4, 128, 16, "decode at 4k, 32/4 heads, d=128");
+  attention_case(*this, {{32767, 1}}, 8, 1, 128, 16, "decode at 32k, one sequence (split-KV)");
+  attention_case(*this, {{0, 300}}, 8, 2, 128, 16, "prefill of 300 from position 0");
+  attention_case(*this, {{123, 77}}, 4, 4, 64, 16, "prefix-cached prefill (123 cached + 77)");
+  attention_case(*this, {{1000, 1}, {0, 33}, {17, 1}, {250, 40}, {0, 1}, {2047, 1}, {5, 19}, {64, 64}, {999, 2}},
+                 16, 4, 128, 16, "9 mixed sequences across block boundaries");
+  attention_case(*this, {{30, 5}, {7, 1}}, 4, 2, 20, 7, "d=20, block size 7");
+  attention_case(*this, {{100, 3}}, 2, 1, 256, 1, "d=256, block size 1");
+}
+
+TEST_F(BackendParity, RouteSoftmaxAndGroupedSigmoid) {
+  struct Case { Scoring s; int t, e, k, groups, topk_groups; bool norm; float scale; };
+  for (const Case c : {Case{Scoring::Softmax, 1, 8, 2, 1, 1, true, 1.0f}, Case{Scoring::Softmax, 33, 128, 8, 1, 1, true, 1.0f},
+                       Case{Scoring::Softmax, 5, 8, 2, 1, 1, false, 1.0f},
+                       Case{Scoring::Sigmoid, 17, 256, 8, 8, 4, true, 2.5f}, Case{Scoring::Sigmoid, 3, 16, 4, 1, 1, true, 1.0f}}) {
+    const auto logits = randn(int64_t(c.t) * c.e, 2.0f, false), bias = randn(c.e, 0.1f, false);
+    std::vector<float> ids[2], w[2];
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      RoutingSpec spec{.scoring = c.s, .top_k = c.k, .norm_topk_prob = c.norm, .routed_scaling_factor = c.scale,
+                       .n_group = c.groups, .topk_group = c.topk_groups};
+      if (c.s == Scoring::Sigmoid) spec.correction_bias = s->put(bias, {c.e}, DType::F32);
+      const TensorView iv = s->out({c.t, c.k}, DType::I32), wv = s->out({c.t, c.k}, DType::F32);
+      s->b->route(s->ctx, s->put(logits, {c.t, c.e}, DType::F32), spec, iv, wv);
+      const int side = s == cpu.get() ? 0 : 1;
+      ids[side] = s->read(iv), w[side] = s->read(wv);
+    }
+    EXPECT_EQ(ids[0], ids[1]) << "route E=" << c.e << " k=" << c.k;
+    report("route weights E=" + std::to_string(c.e) + " k=" + std::to_string(c.k), nmse(w[1], w[0]), 1e-10);
+  }
+}
+
+// Experts in host memory: n experts of [inter, hidden] gate/up and [hidden, inter] down.
+struct HostExperts {
+  std::vector<HostLinear> mats;  // 3 per expert
+  std::vector<MlpWeights> views;
+  std::optional<MlpWeights> shared;
+};
+
+HostExperts host_experts(BackendParity& p, WeightFormat f, int n, int64_t hidden, int64_t inter, int64_t shared_inter) {
+  HostExperts h;
+  const DType dt = f == WeightFormat::Nvfp4 ? DType::U8 : DType::BF16;
+  const int total = n + (shared_inter > 0 ? 1 : 0);
+  h.mats.reserve(size_t(3 * total));
+  for (int e = 0; e < total; ++e) {
+    const int64_t i = e < n ? inter : shared_inter;
+    h.mats.push_back(p.host_linear(f, dt, i, hidden, false));
+    h.mats.push_back(p.host_linear(f, dt, i, hidden, false));
+    h.mats.push_back(p.host_linear(f, dt, hidden, i, false));
+  }
+  for (int e = 0; e < total; ++e) {
+    const MlpWeights m{h.mats[size_t(3 * e)].view, h.mats[size_t(3 * e + 1)].view, h.mats[size_t(3 * e + 2)].view};
+    if (e < n) h.views.push_back(m);
+    else h.shared = m;
+  }
+  return h;
+}
+
+// `ids_of(t, j)` gives token t's j-th expert.
+void moe_case(BackendParity& p, WeightFormat f, int n_experts, int64_t hidden, int64_t inter, int64_t shared_inter, int t,
+              int k, const std::function<int(int, int)>& ids_of, const std::string& name) {
+  HostExperts h = host_experts(p, f, n_experts, hidden, inter, shared_inter);
+  const auto x = p.randn(int64_t(t) * hidden);
+  std::vector<int32_t> ids(static_cast<size_t>(t * k));
+  std::vector<float> w(static_cast<size_t>(t * k));
+  for (int i = 0; i < t; ++i)
+    for (int j = 0; j < k; ++j) ids[size_t(i * k + j)] = ids_of(i, j), w[size_t(i * k + j)] = 0.25f + 0.1f * float(j);
+  std::vector<float> got, want;
+  for (Side* s : {p.cpu.get(), p.gpu.get()}) {
+    auto ex = s->b->prepare_experts(h.views, h.shared ? &*h.shared : nullptr);
+    s->b->synchronize();
+    const TensorView o = s->out_act({t, hidden});
+    s->arena->reset();
+    s->b->moe_experts(s->ctx, s->act(x, {t, hidden}), s->ints(ids, {t, k}), s->put(w, {t, k}, DType::F32), *ex, o);
+    (s == p.cpu.get() ? want : got) = s->read(o);
+  }
+  const bool fast = hidden % 128 == 0 && inter % 128 == 0;
+  report("moe " + name, nmse(got, want), fast ? kBf16Inner : kBf16Out);
+}
+
+TEST_F(BackendParity, MoeGeneralAndFastPaths) {
+  // Distinct ids per token, spread over the experts: (3t + j) mod E with k <= E.
+  auto spread = [](int n) { return [n](int t, int j) { return (t * 3 + j) % n; }; };
+  moe_case(*this, WeightFormat::Dense, 8, 64, 24, 0, 1, 2, spread(8), "bf16 general, one token (H 64, I 24)");
+  moe_case(*this, WeightFormat::Nvfp4, 8, 64, 32, 32, 37, 2, spread(8), "nvfp4 general + shared (H 64, I 32)");
+  moe_case(*this, WeightFormat::Nvfp4, 16, 256, 128, 0, 1, 4, spread(16), "nvfp4 fast, one token");
+  moe_case(*this, WeightFormat::Nvfp4, 16, 256, 128, 128, 77, 4, spread(16), "nvfp4 fast + shared, 77 tokens");
+  moe_case(*this, WeightFormat::Dense, 16, 256, 128, 0, 50, 4, spread(16), "bf16 fast, 50 tokens");
+  moe_case(*this, WeightFormat::Nvfp4, 16, 256, 128, 0, 300, 4, [](int, int j) { return 3 + j; },
+           "nvfp4 fast, every token on experts 3-6 (the rest empty)");
+  moe_case(*this, WeightFormat::Nvfp4, 8, 256, 128, 256, 9, 2, spread(8), "nvfp4 + shared of twice the width");
+}
+
+TEST_F(BackendParity, DummyWeightsAreTheSameOnBothBackends) {
+  const RandomFill normal{}, near_one{.kind = RandomFill::NearOne}, bytes{.kind = RandomFill::Bytes, .lo = 0x30, .span = 8};
+  for (const auto& [fill, dtype] : {std::pair{normal, DType::BF16}, std::pair{near_one, DType::BF16},
+                                    std::pair{normal, DType::F32}, std::pair{bytes, DType::U8}}) {
+    std::vector<float> v[2];
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      auto buf = s->b->random_tensor(dtype, {333, 77}, fill, 42);
+      const TensorView t = buf->view();
+      if (dtype == DType::U8) {
+        std::vector<uint8_t> h(static_cast<size_t>(t.numel()));
+        s->b->copy_to_host(h.data(), t);
+        v[s == gpu.get()].assign(h.begin(), h.end());
+      } else {
+        v[s == gpu.get()] = s->read(t);
+      }
+    }
+    report(std::string("random_tensor ") + std::string(dtype_name(dtype)), nmse(v[1], v[0]), 1e-10);
+  }
+  // Dummy experts: the same MoE output from one seed (the CUDA fill writes the packed layout).
+  for (WeightFormat f : {WeightFormat::Nvfp4, WeightFormat::Dense}) {
+    const ExpertsSpec spec{.hidden = 256, .intermediate = 128, .n_experts = 8, .format = f, .shared_expert = true};
+    const int t = 21, k = 2;
+    const auto x = randn(t * 256);
+    std::vector<int32_t> ids(static_cast<size_t>(t * k));
+    for (int i = 0; i < t * k; ++i) ids[size_t(i)] = (i * 5 + i / k) % 8;
+    for (int i = 0; i < t; ++i)
+      if (ids[size_t(i * k)] == ids[size_t(i * k + 1)]) ids[size_t(i * k + 1)] = (ids[size_t(i * k)] + 1) % 8;
+    std::vector<float> w(static_cast<size_t>(t * k), 0.5f), got, want;
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      auto ex = s->b->random_experts(spec, 7);
+      const TensorView o = s->out_act({t, 256});
+      s->arena->reset();
+      s->b->moe_experts(s->ctx, s->act(x, {t, 256}), s->ints(ids, {t, k}), s->put(w, {t, k}, DType::F32), *ex, o);
+      (s == cpu.get() ? want : got) = s->read(o);
+    }
+    report(std::string("random_experts through moe (") + (f == WeightFormat::Nvfp4 ? "nvfp4)" : "bf16)"),
+           nmse(got, want), kBf16Inner);
+  }
+}
+
+TEST_F(BackendParity, SampleGreedyAndSeeded) {
+  const int64_t rows = 6, vocab = 151936;
+  const auto logits = randn(rows * vocab, 3.0f, false);
+  std::vector<SamplingRow> recs(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    recs[size_t(r)].temperature = r < 2 ? 0.0f : 0.7f;
+    recs[size_t(r)].top_k = r == 3 ? 40 : 0;
+    recs[size_t(r)].top_p = r == 4 ? 0.9f : 1.0f;
+    recs[size_t(r)].n_top_logprobs = int32_t(r * 4);
+    recs[size_t(r)].seed = uint64_t(1000 + r);
+    recs[size_t(r)].position = 17 + r;
+  }
+  std::vector<SampledToken> out[2];
+  for (Side* s : {cpu.get(), gpu.get()}) {
+    const TensorView lv = s->put(logits, {rows, vocab}, DType::F32);
+    s->keep.push_back(s->b->alloc(DType::U8, {rows * int64_t(sizeof(SamplingRow))}));
+    const TensorView rv = s->keep.back()->view();
+    s->b->copy_from_host(rv, recs.data());
+    s->keep.push_back(s->b->alloc(DType::U8, {rows * int64_t(sizeof(SampledToken))}));
+    const TensorView ov = s->keep.back()->view();
+    const TensorView none = s->ints({}, {0});
+    s->arena->reset();
+    s->b->sample(s->ctx, lv, rv, none, none, ov);
+    auto& o = out[s == gpu.get()];
+    o.resize(size_t(rows));
+    s->b->copy_to_host(o.data(), ov);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(out[0][size_t(r)].token, out[1][size_t(r)].token) << "row " << r;
+    EXPECT_NEAR(out[0][size_t(r)].logprob, out[1][size_t(r)].logprob, 1e-4) << "row " << r;
+    ASSERT_EQ(out[0][size_t(r)].n_top, out[1][size_t(r)].n_top) << "row " << r;
+    for (int i = 0; i < out[0][size_t(r)].n_top; ++i)
+      EXPECT_EQ(out[0][size_t(r)].top_ids[i], out[1][size_t(r)].top_ids[i]) << "row " << r << " alternative " << i;
+  }
+}
+
+}  // namespace
+}  // namespace tetra::ops
