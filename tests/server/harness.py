@@ -147,6 +147,45 @@ def stream_chunks(events):
     return [json.loads(e) for e in events[:-1]]
 
 
+# On the GPU a row's numbers depend a little on the batch around it (BF16, and GEMM and
+# attention kernels chosen by the batch's size), so greedy text from a batch need not equal
+# the same prompt alone there; on the CPU it must.
+ON_GPU = "--device cuda" in os.environ.get("TETRA_SERVE_FLAGS", "")
+
+
+def completion_tokens(choice):
+    """(tokens, top alternatives) of a completions choice asked with logprobs."""
+    lp = choice["logprobs"]
+    return lp["tokens"], lp["top_logprobs"]
+
+
+def stream_tokens(chunks, index=0):
+    """The same for a streamed completion: every chunk's logprobs, in order."""
+    tokens, tops = [], []
+    for c in chunks:
+        for ch in c.get("choices", []):
+            if ch["index"] == index and ch.get("logprobs"):
+                tokens += ch["logprobs"]["tokens"]
+                tops += ch["logprobs"]["top_logprobs"]
+    return tokens, tops
+
+
+def assert_same_greedy(test, got, want, msg=None):
+    """got, want: (text, tokens, tops). The CPU: the same text. The GPU: vLLM's
+    check_logprobs_close, the same tokens up to the first difference, where each side's token
+    is among the other's top alternatives (the two took different sides of a near-tie)."""
+    if not ON_GPU or got[0] == want[0]:
+        test.assertEqual(got[0], want[0], msg)
+        return
+    (_, gt, gtop), (_, wt, wtop) = got, want
+    test.assertEqual(len(gt), len(wt), msg)
+    for i, (a, b) in enumerate(zip(gt, wt)):
+        if a != b:
+            test.assertIn(a, wtop[i], "%s: position %d" % (msg, i))
+            test.assertIn(b, gtop[i], "%s: position %d" % (msg, i))
+            return
+
+
 def stream_text(chunks, index=0):
     out = []
     for c in chunks:

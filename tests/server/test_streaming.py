@@ -6,7 +6,8 @@ import threading
 import time
 import unittest
 
-from harness import Server, parse_sse, stream_chunks, stream_finish, stream_text
+from harness import (Server, assert_same_greedy, completion_tokens, parse_sse, stream_chunks, stream_finish,
+                     stream_text, stream_tokens)
 
 
 def read_events(resp, want):
@@ -41,7 +42,8 @@ class StreamingTest(unittest.TestCase):
 
         def client(i):
             conn = http.client.HTTPConnection("127.0.0.1", self.s.port, timeout=120)
-            body = {"prompt": prompts[i], "max_tokens": 40, "ignore_eos": True, "stream": True, "temperature": 0}
+            body = {"prompt": prompts[i], "max_tokens": 40, "ignore_eos": True, "stream": True, "temperature": 0,
+                    "logprobs": 5}
             conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
             r = conn.getresponse()
             if i % 3 == 0:
@@ -53,7 +55,7 @@ class StreamingTest(unittest.TestCase):
             raw = r.read()
             conn.close()
             chunks = stream_chunks(parse_sse(raw))
-            results[i] = (stream_text(chunks), stream_finish(chunks))
+            results[i] = (stream_text(chunks), stream_finish(chunks), stream_tokens(chunks))
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
         for t in threads:
@@ -76,8 +78,9 @@ class StreamingTest(unittest.TestCase):
                 self.assertEqual(r[1], "length")
         # The survivors' greedy text equals the same prompt alone (batch size 1).
         for i in (1, 2, 31):
-            st, b, _ = self.s.complete(prompt=prompts[i], max_tokens=40, ignore_eos=True, temperature=0)
-            self.assertEqual(b["choices"][0]["text"], results[i][0], i)
+            st, b, _ = self.s.complete(prompt=prompts[i], max_tokens=40, ignore_eos=True, temperature=0, logprobs=5)
+            alone = b["choices"][0]
+            assert_same_greedy(self, (results[i][0], *results[i][2]), (alone["text"], *completion_tokens(alone)), i)
 
     # 18
     def test_18_disconnect_while_queued(self):
