@@ -28,6 +28,11 @@ StepBuilder::StepBuilder(ops::Backend& backend, int block_size, StepCapacity cap
 }
 
 model::StepInputs StepBuilder::build(const ops::Context& ctx, const std::vector<SeqChunk>& chunks) {
+  // The last step's uploads read this mirror when the stream reaches them: wait for them
+  // before rewriting it. A step that samples has waited already (its tokens came back); a
+  // step of prompt chunks that all end mid-prompt has not. (Overlapped scheduling will want
+  // two mirrors instead.)
+  backend_.synchronize();
   int32_t* host = host_->view().as<int32_t>();
   const int64_t n_seqs = int64_t(chunks.size()), mbps = capacity_.max_blocks_per_seq;
   TETRA_CHECK(n_seqs >= 1 && n_seqs <= capacity_.max_seqs, "a step of ", n_seqs,

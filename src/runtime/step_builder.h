@@ -34,8 +34,8 @@ class StepBuilder {
   StepBuilder(ops::Backend& backend, int block_size, StepCapacity capacity);
 
   // The returned inputs point into this builder's device buffer until the next build().
-  // Uploads are ordered on ctx's stream; the host mirror is rewritten by the next build, so
-  // the caller waits for the stream between steps (every step ends reading its tokens back).
+  // Uploads are ordered on ctx's stream; build() first waits for the backend's queued work,
+  // since the previous step's uploads read the host mirror it rewrites.
   model::StepInputs build(const ops::Context& ctx, const std::vector<SeqChunk>& chunks);
 
   const StepCapacity& capacity() const { return capacity_; }
