@@ -30,8 +30,6 @@ const char* finish_reason_name(FinishReason r) {
 
 namespace {
 
-constexpr int kMaxTopLogprobs = ops::kMaxTopLogprobs;
-
 void check_config(const EngineConfig& c, const ModelConfig& m) {
   TETRA_CHECK(c.block_size > 0 && c.block_size <= 1024, "block_size must be in [1, 1024], not ",
               c.block_size);
@@ -232,8 +230,8 @@ SubmitResult Engine::Impl::validate(const RequestParams& p) const {
       return invalid(str_cat("Prompt token id ", id, " is outside the vocabulary [0, ", vocab, ")."));
   if (p.max_new_tokens < 1)
     return invalid(str_cat("max_new_tokens must be at least 1, not ", p.max_new_tokens, "."));
-  if (p.top_logprobs < 0 || p.top_logprobs > kMaxTopLogprobs)
-    return invalid(str_cat("top_logprobs must be between 0 and ", kMaxTopLogprobs, ", not ",
+  if (p.top_logprobs < 0 || p.top_logprobs > ops::kMaxTopLogprobs)
+    return invalid(str_cat("top_logprobs must be between 0 and ", ops::kMaxTopLogprobs, ", not ",
                            p.top_logprobs, "."));
   const SamplingParams& s = p.sampling;
   if (!std::isfinite(s.temperature) || s.temperature < 0)
@@ -370,7 +368,7 @@ void Engine::Impl::post_process(const ScheduledChunk& c, const ops::SampledToken
   t.logprob = s->logprob;
   for (int i = 0; i < s->n_top; ++i) t.top_logprobs.emplace_back(s->top_ids[i], s->top_logprobs[i]);
   r->tokens.push_back(s->token);
-  r->count_generated(s->token);
+  count_token(r->counts, s->token);
   ++generated_tokens;
 
   FinishReason reason = FinishReason::None;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <map>
 
 #include "runtime/kv_cache.h"
 #include "runtime/sampler.h"
@@ -55,8 +54,7 @@ GenerateResult generate(model::Model& model, ops::Backend& backend,
   r.logits_fingerprint = 2166136261u;
   r.finish_reason = "length";
   std::vector<int32_t> sequence = prompt;
-  std::map<int32_t, int32_t> counts;  // generated tokens, for the penalties
-  std::vector<std::pair<int32_t, int32_t>> count_list;
+  TokenCounts counts;  // generated tokens, for the penalties
   const auto t0 = std::chrono::steady_clock::now();
   int64_t cached = 0;  // tokens of `sequence` already written to the cache
   while (int64_t(r.token_ids.size()) < options.max_new_tokens) {
@@ -64,11 +62,10 @@ GenerateResult generate(model::Model& model, ops::Backend& backend,
                    .start_position = cached,
                    .blocks = blocks};
     runner.forward({chunk}, cache.layers(), logits_buf->view());
-    count_list.assign(counts.begin(), counts.end());
     const SampleRequest row{.params = options.sampling,
                             .seed = options.seed,
                             .position = int64_t(sequence.size()),
-                            .generated_counts = count_list};
+                            .generated_counts = counts};
     const ops::SampledToken s = sampler.sample(runner.context(), logits_buf->view(), {&row, 1})[0];
     // The fingerprint covers every logit: the plain loop pays the copy, serving never does.
     backend.copy_to_host(logits.data(), logits_buf->view());
@@ -79,7 +76,7 @@ GenerateResult generate(model::Model& model, ops::Backend& backend,
     r.token_ids.push_back(s.token);
     r.logprobs.push_back(s.logprob);
     sequence.push_back(s.token);
-    ++counts[s.token];
+    count_token(counts, s.token);
     const auto& eos = config.eos_token_ids;
     if (!options.ignore_eos && std::find(eos.begin(), eos.end(), s.token) != eos.end()) {
       r.finish_reason = "stop";

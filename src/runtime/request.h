@@ -2,12 +2,11 @@
 // blocks and what its sampling needs. Owned by the engine thread; server threads never see it.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "runtime/engine.h"
+#include "runtime/sampler.h"
 
 namespace tetra::runtime {
 
@@ -28,13 +27,6 @@ struct Request {
     prompt_len = int64_t(tokens.size());
   }
 
-  // Keeps `counts` sorted by token id.
-  void count_generated(int32_t token) {
-    auto it = std::lower_bound(counts.begin(), counts.end(), std::pair<int32_t, int32_t>(token, 0));
-    if (it != counts.end() && it->first == token) ++it->second;
-    else counts.insert(it, {token, 1});
-  }
-
   int64_t n_tokens() const { return int64_t(tokens.size()); }
   int64_t n_generated() const { return n_tokens() - prompt_len; }
   // Tokens not yet in the KV cache; 1 for a sequence in decode.
@@ -46,7 +38,7 @@ struct Request {
   OutputCallback on_output;
   // Each generated token with how often it came, by id (the penalties read it). Draws need
   // no other state: a token depends on (seed, position) alone, in any batch.
-  std::vector<std::pair<int32_t, int32_t>> counts;
+  TokenCounts counts;
 
   // The prompt followed by every generated token. After a preemption the generated tokens
   // stay here and are recomputed with the prompt.

@@ -5,6 +5,14 @@
 
 namespace tetra::runtime {
 
+void count_token(TokenCounts& counts, int32_t token) {
+  auto it = std::lower_bound(counts.begin(), counts.end(), std::pair<int32_t, int32_t>(token, 0));
+  if (it != counts.end() && it->first == token)
+    ++it->second;
+  else
+    counts.insert(it, {token, 1});
+}
+
 BatchSampler::BatchSampler(ops::Backend& backend, int64_t max_rows)
     : backend_(backend), max_rows_(max_rows) {
   TETRA_CHECK(max_rows >= 1, "a sampler needs room for one row");

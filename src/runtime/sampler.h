@@ -23,6 +23,11 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
 };
 
+// A sequence's generated tokens with how often each came, sorted by id (what the penalties read).
+using TokenCounts = std::vector<std::pair<int32_t, int32_t>>;
+// Counts one more `token`, keeping the order.
+void count_token(TokenCounts& counts, int32_t token);
+
 // One row to draw: its request's parameters and the draw's place in its sequence.
 struct SampleRequest {
   SamplingParams params;
