@@ -7,23 +7,28 @@
 #include "model/gqa_moe.h"
 #include "model/mla_moe.h"
 #include "model/model.h"
+#include "model/weights.h"
 
 namespace tetra::model {
 
-int64_t weight_bytes(const std::filesystem::path& dir, const ModelConfig& c, bool dummy) {
-  if (!dummy) return int64_t(Checkpoint::open(dir)->total_bytes());
-  // Dense weights in BF16; routed (and shared) experts NVFP4 when the quant config says so.
-  const ModelSizes sizes = model_sizes(c);
+namespace {
+
+// What dummy weights will take on the device: dense weights in BF16, routed and shared experts
+// NVFP4 where the quant config says so.
+int64_t dummy_weight_bytes(const std::filesystem::path& dir, const ModelConfig& c) {
   int64_t moe_layers = 0;
   for (bool moe : c.layer_is_moe) moe_layers += moe ? 1 : 0;
-  const int64_t experts = c.n_routed_experts + c.n_shared_experts;
-  const int64_t expert_params = moe_layers * experts * 3 * c.hidden_size * c.moe_intermediate_size;
+  const int64_t experts = moe_layers * (c.n_routed_experts + c.n_shared_experts);
   const auto quant = load_quant_config(dir);
   const bool nvfp4 =
       quant && is_nvfp4(quant->module_quant("model.layers.0.mlp.experts.0.gate_proj").algo);
-  const int64_t rest = std::max<int64_t>(0, sizes.params_total - expert_params);
-  return rest * 2 + (nvfp4 ? expert_params * 9 / 16 : expert_params * 2);
+  const ops::WeightFormat format = nvfp4 ? ops::WeightFormat::Nvfp4 : ops::WeightFormat::Dense;
+  const int64_t expert_params = experts * 3 * c.hidden_size * c.moe_intermediate_size;
+  const int64_t rest = std::max<int64_t>(0, model_sizes(c).params_total - expert_params);
+  return rest * 2 + experts * expert_bytes(format, c.hidden_size, c.moe_intermediate_size);
 }
+
+}  // namespace
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, ops::Backend& backend,
                                   const LoadOptions& options) {
@@ -32,7 +37,7 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir, ops::Backend
   if (!options.dummy) checkpoint = Checkpoint::open(dir);
   const ops::MemoryInfo mem = backend.memory_info();
   if (mem.free_bytes > 0) {
-    const int64_t need = options.dummy ? weight_bytes(dir, config, true) : int64_t(checkpoint->total_bytes());
+    const int64_t need = options.dummy ? dummy_weight_bytes(dir, config) : int64_t(checkpoint->total_bytes());
     auto gib = [](int64_t b) { return std::round(double(b) / (1 << 30) * 10) / 10; };
     TETRA_CHECK(need < mem.free_bytes, dir.string(), ": the weights need ", gib(need), " GiB but ",
                 backend.name(), " has ", gib(mem.free_bytes), " GiB free of ", gib(mem.total_bytes),

@@ -42,10 +42,6 @@ struct LoadOptions {
   bool dummy = false;
 };
 
-// Bytes the weights of this folder take on a device: the checkpoint's tensors, or for dummy
-// weights what the config and its quantization config imply. For "does it fit" checks.
-int64_t weight_bytes(const std::filesystem::path& dir, const ModelConfig& config, bool dummy);
-
 class Model {
  public:
   virtual ~Model() = default;

@@ -24,6 +24,11 @@ ops::WeightFormat format_of_algo(QuantAlgo algo) {
 
 }  // namespace
 
+int64_t expert_bytes(ops::WeightFormat format, int64_t hidden, int64_t inter) {
+  const int64_t weights = 3 * hidden * inter;
+  return format == ops::WeightFormat::Nvfp4 ? weights * 9 / 16 : weights * 2;
+}
+
 WeightLoader::WeightLoader(const Checkpoint* checkpoint, const std::filesystem::path& dir,
                            ops::Backend& backend, const LoadOptions& options)
     : checkpoint_(checkpoint), dir_(dir), quant_(load_quant_config(dir)), backend_(backend),
@@ -167,10 +172,8 @@ std::unique_ptr<ops::MoeExperts> WeightLoader::experts(const std::string& prefix
     const ops::ExpertsSpec spec{.hidden = hidden, .intermediate = inter, .n_experts = int(n_experts),
                                 .format = format, .shared_expert = fused_shared};
     auto ex = backend_.random_experts(spec, seed_of(prefix));
-    const int64_t per_expert =
-        format == ops::WeightFormat::Nvfp4 ? 3 * hidden * inter * 9 / 16 : 3 * hidden * inter * 2;
     stats_.tensors += (n_experts + (fused_shared ? 1 : 0)) * 3;
-    stats_.bytes += (n_experts + (fused_shared ? 1 : 0)) * per_expert;
+    stats_.bytes += (n_experts + (fused_shared ? 1 : 0)) * expert_bytes(format, hidden, inter);
     if (options_.on_progress) options_.on_progress(stats_);
     return ex;
   }
