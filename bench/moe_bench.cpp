@@ -17,6 +17,7 @@
 
 #include "bench/moe_baseline.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/elementwise.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tune.h"
 #include "ops/cuda/moe_internal.h"
@@ -217,7 +218,7 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
 
   DeviceMem x(size_t(t_max) * H * 2), logits(size_t(t_max) * E * 4), bias(size_t(E) * 4),
       ids(size_t(t_max) * k * 4), weights(size_t(t_max) * k * 4), out(size_t(t_max) * H * 2);
-  ops::cuda::launch_fill_random_bf16(stream, x.as<uint16_t>(), int64_t(t_max) * H, 7, 1.7f);
+  ops::cuda::fill_random(stream, TensorView{x.p, DType::BF16, {int64_t(t_max) * H}, Device::Cuda}, {.scale = 1.0f}, 7);
   std::vector<float> skew_bias(static_cast<size_t>(E));
   {
     std::mt19937 rng(3);

@@ -145,11 +145,4 @@ void launch_moe_general(cudaStream_t stream, const CudaMoeExperts& ex, const uin
 // ---- dummy experts (moe_general.cu): the CPU's random_experts, value for value ----
 void launch_fill_dummy_experts(cudaStream_t stream, const CudaMoeExperts& ex, uint64_t seed);
 
-// ---- device fills (sm90_moe_route.cu) ----
-// Bytes uniform in [lo, lo + span), span in 1..256.
-void launch_fill_random_bytes(cudaStream_t stream, uint8_t* dst, int64_t n, uint64_t seed, int lo,
-                              int span);
-void launch_fill_random_bf16(cudaStream_t stream, uint16_t* dst, int64_t n, uint64_t seed,
-                             float scale);
-
 }  // namespace tetra::ops::cuda

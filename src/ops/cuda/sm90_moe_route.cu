@@ -222,32 +222,6 @@ __global__ void combine_kernel(const float* __restrict__ y, const int* __restric
   }
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Random bytes uniform in [lo, hi): NVFP4 codes (0..16) and E4M3 block scales.
-__global__ void fill_bytes_kernel(uint8_t* dst, int64_t n, uint64_t seed, uint32_t lo, uint32_t span) {
-  for (int64_t i = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) * 8; i < n;
-       i += int64_t(gridDim.x) * blockDim.x * 8) {
-    uint64_t r = mix64(seed ^ (uint64_t(i) * 0x2545f4914f6cdd1dull));
-    for (int b = 0; b < 8 && i + b < n; ++b, r = (r >> 8) | (r << 56))
-      dst[i + b] = uint8_t(lo + (span == 256 ? (r & 0xff) : (r & 0xff) % span));
-  }
-}
-
-__global__ void fill_bf16_kernel(__nv_bfloat16* dst, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t r = mix64(seed ^ (uint64_t(i) * 0x2545f4914f6cdd1dull));
-    const float u = float(r >> 40) * 0x1p-24f;  // [0, 1)
-    dst[i] = __float2bfloat16_rn((2.0f * u - 1.0f) * scale);
-  }
-}
-
 }  // namespace
 
 void launch_route(cudaStream_t stream, const float* logits, int n_tokens, int n_experts,
@@ -286,19 +260,6 @@ void launch_combine(cudaStream_t stream, const float* y, const int* pos, const f
   combine_kernel<<<dim3(n_tokens, std::max(split, 1)), 256, 0, stream>>>(y, pos, weights, top_k, shared, hidden,
                                                 reinterpret_cast<__nv_bfloat16*>(out));
   TETRA_CUDA_CHECK_LAUNCH("moe combine");
-}
-
-void launch_fill_random_bytes(cudaStream_t stream, uint8_t* dst, int64_t n, uint64_t seed, int lo,
-                              int span) {
-  TETRA_CHECK(lo >= 0 && span >= 1 && lo + span <= 256, "fill bytes: bad range");
-  fill_bytes_kernel<<<1024, 256, 0, stream>>>(dst, n, seed, uint32_t(lo), uint32_t(span));
-  TETRA_CUDA_CHECK_LAUNCH("fill bytes");
-}
-
-void launch_fill_random_bf16(cudaStream_t stream, uint16_t* dst, int64_t n, uint64_t seed,
-                             float scale) {
-  fill_bf16_kernel<<<1024, 256, 0, stream>>>(reinterpret_cast<__nv_bfloat16*>(dst), n, seed, scale);
-  TETRA_CUDA_CHECK_LAUNCH("fill bf16");
 }
 
 }  // namespace tetra::ops::cuda
