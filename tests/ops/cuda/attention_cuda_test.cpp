@@ -29,38 +29,24 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "ops/cuda/attention_gqa.h"
+#include "cuda_test_util.h"
 
 namespace tetra::ops::cuda {
 namespace {
 
-#define CK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+using testing_util::DevBuf;
+using testing_util::have_gpu;
 
 constexpr double kMaxNmse = 1e-4;
 constexpr double kMaxErrOfMaxRef = 1e-2;
 constexpr uint16_t kPoison = 0xffff;  // a BF16 NaN no kernel writes
 constexpr int kGuard = 256;           // poisoned elements past the output
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
 int device_sm_count() {
   int n = 0;
   if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) return 0;
   return n;
 }
-
-// A device buffer that frees itself.
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(size_t bytes) {
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
 
 // splitmix64: fast enough for the half gigabyte of cache the timing cases fill.
 struct Rng {

@@ -17,27 +17,13 @@
 #include "core/dtype.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tune.h"
+#include "cuda_test_util.h"
 
 namespace tetra::ops::cuda {
 namespace {
 
-#define CK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-// A device buffer that frees itself.
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(size_t bytes) {
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
+using testing_util::DevBuf;
+using testing_util::have_gpu;
 
 TensorView dev_view(void* p, DType dt, Shape s) { return TensorView{p, dt, s, Device::Cuda}; }
 

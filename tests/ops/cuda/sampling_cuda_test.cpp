@@ -23,31 +23,15 @@
 #include "core/thread_pool.h"
 #include "ops/cpu/sampling.h"
 #include "ops/cuda/sampling.h"
+#include "cuda_test_util.h"
 
 namespace tetra::ops::cuda {
 namespace {
 
-#define CK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+using testing_util::DevBuf;
+using testing_util::have_gpu;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-// A device buffer that frees itself.
-struct DevBuf {
-  void* p = nullptr;
-  explicit DevBuf(size_t bytes) {
-    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p); }
-};
 
 // One batch of rows over the same vocabulary, with its penalty lists.
 struct Batch {
