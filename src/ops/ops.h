@@ -266,6 +266,13 @@ class Backend {
   // Over the last dimension of x [R, D]: out = weight * x / sqrt(mean(x^2) + eps).
   virtual void rms_norm(const Context& ctx, TensorView x, TensorView weight, float eps,
                         TensorView out) = 0;
+  // The residual step of a decoder layer in one pass: h += delta (rounded to h's dtype, as
+  // add rounds it), then out = rms_norm(h). Equal to add then rms_norm, which is the default.
+  virtual void add_rms_norm(const Context& ctx, TensorView h, TensorView delta, TensorView weight, float eps,
+                            TensorView out) {
+    add(ctx, h, delta, h);
+    rms_norm(ctx, h, weight, eps, out);
+  }
   // Over the last dimension: out = (x - mean) / sqrt(var + eps) * weight + bias.
   virtual void layer_norm(const Context& ctx, TensorView x, TensorView weight, TensorView bias,
                           float eps, TensorView out) = 0;

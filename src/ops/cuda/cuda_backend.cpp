@@ -206,6 +206,11 @@ class CudaBackend final : public Backend {
     check_device(x, "rms_norm", "x");
     cuda::rms_norm(stream_of(ctx), x, weight, eps, out);
   }
+  void add_rms_norm(const Context& ctx, TensorView h, TensorView delta, TensorView weight, float eps,
+                    TensorView out) override {
+    check_device(h, "add_rms_norm", "h");
+    cuda::add_rms_norm(stream_of(ctx), h, delta, weight, eps, out);
+  }
   void layer_norm(const Context& ctx, TensorView x, TensorView weight, TensorView bias, float eps,
                   TensorView out) override {
     cuda::layer_norm(stream_of(ctx), x, weight, bias, eps, out);
