@@ -73,6 +73,12 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--num-continuous-decode-steps", engine_config.num_continuous_decode_steps,
                  "decode steps run back to back before scheduling again")->check(CLI::Range(1, 64));
+  app.add_option("--cuda-graph-max-bs", engine_config.cuda_graph_max_bs,
+                 "GPU: decode steps of up to this many sequences replay CUDA graphs captured at startup "
+                 "(capped by --max-running-requests)")
+      ->check(CLI::Range(1, 65536));
+  app.add_flag("--disable-cuda-graph", engine_config.disable_cuda_graph,
+               "GPU: run every decode step eagerly, without CUDA graphs");
   app.add_option("--chunked-prefill-size", engine_config.chunked_prefill_size, "prompt tokens per step at most")
       ->check(CLI::Range(int64_t(16), int64_t(1) << 24));
   app.add_option("--mem-fraction-static", engine_config.mem_fraction_static,

@@ -100,10 +100,11 @@ class GqaMoeModel : public Model {
     const float scale = 1.0f / std::sqrt(float(hd));
 
     b.embedding(ctx, io_.embed, in.token_ids, h);
+    b.rms_norm(ctx, h, layers_.front().input_norm, float(c.rms_norm_eps), x);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
       const AttentionWeights& a = layer.attn;
-      b.rms_norm(ctx, h, layer.input_norm, float(c.rms_norm_eps), x);
+      // x holds rms_norm(h) with this layer's input norm.
       b.linear(ctx, x, a.q, q.reshaped({n_tokens, n_heads * hd}));
       b.linear(ctx, x, a.k, k.reshaped({n_tokens, n_kv * hd}));
       b.linear(ctx, x, a.v, v.reshaped({n_tokens, n_kv * hd}));
@@ -116,11 +117,12 @@ class GqaMoeModel : public Model {
       b.kv_write(ctx, k, v, in.attn, cache[l]);
       b.attention(ctx, q, cache[l], in.attn, scale, attn);
       b.linear(ctx, attn.reshaped({n_tokens, n_heads * hd}), a.o, y);
-      b.add(ctx, h, y, h);
-
-      b.rms_norm(ctx, h, layer.post_attention_norm, float(c.rms_norm_eps), x);
+      b.add_rms_norm(ctx, h, y, layer.post_attention_norm, float(c.rms_norm_eps), x);
       run_ffn(b, ctx, layer.ffn, x, y);
-      b.add(ctx, h, y, h);
+      if (l + 1 < layers_.size())
+        b.add_rms_norm(ctx, h, y, layers_[l + 1].input_norm, float(c.rms_norm_eps), x);
+      else
+        b.add(ctx, h, y, h);
     }
     project_logits(b, ctx, io_, float(c.rms_norm_eps), h, in.logit_rows, logits);
   }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -199,6 +200,16 @@ class Buffer {
   virtual TensorView view() const = 0;
 };
 
+// Device work recorded once and replayed with one launch (a CUDA graph). It replays the same
+// kernels with the same arguments: what it reads must sit at the addresses it was recorded
+// with (the step builder's buffers, the step arena, the KV cache, the weights).
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  virtual void replay(const Context& ctx) = 0;
+  virtual int64_t n_nodes() const = 0;  // kernels and copies one replay runs
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -242,6 +253,12 @@ class Backend {
                        int64_t max_tokens) = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() = 0;
+  // Records what `body` enqueues on ctx's stream, without running it, into a Graph; null
+  // where the backend has no graphs (the CPU). `body` must not synchronize or allocate.
+  virtual std::unique_ptr<Graph> capture(const Context& ctx, const std::function<void()>& body) {
+    (void)ctx, (void)body;
+    return nullptr;
+  }
 
   // ---- ops ----
   // out[t] = table[ids[t]]; table [V, H] in its stored dtype, ids I32 [T].
@@ -249,6 +266,13 @@ class Backend {
   // Over the last dimension of x [R, D]: out = weight * x / sqrt(mean(x^2) + eps).
   virtual void rms_norm(const Context& ctx, TensorView x, TensorView weight, float eps,
                         TensorView out) = 0;
+  // The residual step of a decoder layer in one pass: h += delta (rounded to h's dtype, as
+  // add rounds it), then out = rms_norm(h). Equal to add then rms_norm, which is the default.
+  virtual void add_rms_norm(const Context& ctx, TensorView h, TensorView delta, TensorView weight, float eps,
+                            TensorView out) {
+    add(ctx, h, delta, h);
+    rms_norm(ctx, h, weight, eps, out);
+  }
   // Over the last dimension: out = (x - mean) / sqrt(var + eps) * weight + bias.
   virtual void layer_norm(const Context& ctx, TensorView x, TensorView weight, TensorView bias,
                           float eps, TensorView out) = 0;

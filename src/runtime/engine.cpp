@@ -9,6 +9,7 @@
 
 #include "core/log.h"
 #include "runtime/block_manager.h"
+#include "runtime/decode_graphs.h"
 #include "runtime/kv_cache.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
@@ -39,6 +40,7 @@ void check_config(const EngineConfig& c, const ModelConfig& m) {
   TETRA_CHECK(c.num_continuous_decode_steps >= 1, "num_continuous_decode_steps must be at least 1");
   TETRA_CHECK(c.mem_fraction_static > 0 && c.mem_fraction_static <= 1,
               "mem_fraction_static must be in (0, 1], not ", c.mem_fraction_static);
+  TETRA_CHECK(c.cuda_graph_max_bs >= 1, "--cuda-graph-max-bs must be at least 1, not ", c.cuda_graph_max_bs);
   TETRA_CHECK(c.max_context >= 0 && c.max_context <= m.max_position_embeddings, "max_context (",
               c.max_context, ") must be at most the model's context of ",
               m.max_position_embeddings, " (0 means the model's)");
@@ -63,6 +65,12 @@ void deliver(const Request& r, const RequestOutput& out) {
   }
 }
 
+// One token of every sequence, each wanting its next token: what a decode graph runs.
+bool decode_only(const std::vector<ScheduledChunk>& chunks) {
+  return std::all_of(chunks.begin(), chunks.end(),
+                     [](const ScheduledChunk& c) { return c.n_tokens == 1 && c.want_logits; });
+}
+
 }  // namespace
 
 struct Engine::Impl {
@@ -81,6 +89,7 @@ struct Engine::Impl {
         blocks(n_blocks, config.block_size, config.enable_prefix_caching),
         scheduler({config.max_running_requests, config.chunked_prefill_size}, blocks) {
     config.max_context = max_context;
+    capture_decode_graphs();
     if (config.testing_constant_block_hash)
       blocks.set_hash_for_testing([](uint64_t, std::span<const int32_t>) { return uint64_t(42); });
     const int64_t block_bytes = kv_bytes_per_block(m.kv_layout(), config.block_size, b.kv_dtype());
@@ -102,6 +111,8 @@ struct Engine::Impl {
   int64_t prepare();
   void measure_step(int64_t n_seqs, int64_t n_tokens, bool long_context);
   int64_t kv_pool_blocks() const;
+  std::vector<int64_t> graph_sizes() const;
+  void capture_decode_graphs();
 
   // ---- shared with server threads (under mu) ----
   SubmitResult validate(const RequestParams& p) const;
@@ -128,9 +139,10 @@ struct Engine::Impl {
   KvCache cache;
   BlockManager blocks;
   Scheduler scheduler;
+  std::unique_ptr<DecodeGraphs> graphs;  // null: every step eager
   std::vector<SampleRequest> sample_rows;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests;
-  int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, failed_steps = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, graph_steps = 0, failed_steps = 0;
 
   mutable std::mutex mu;
   std::condition_variable wake;
@@ -153,6 +165,9 @@ int64_t Engine::Impl::prepare() {
   const int64_t seqs = std::min(capacity.max_seqs, capacity.max_tokens);
   measure_step(seqs, capacity.max_tokens, false);
   measure_step(capacity.max_seqs, capacity.max_seqs, true);
+  // Each decode graph's step as it will be captured (attention planned for the whole
+  // context; a smaller batch may split its keys more than the largest).
+  for (int64_t b : graph_sizes()) measure_step(b, b, true);
   arena.freeze();
   return kv_pool_blocks();
 }
@@ -222,6 +237,33 @@ int64_t Engine::Impl::kv_pool_blocks() const {
   return n;
 }
 
+std::vector<int64_t> Engine::Impl::graph_sizes() const {
+  if (config.disable_cuda_graph) return {};
+  if (backend.device() == Device::Cpu && !config.testing_eager_decode_graphs) return {};
+  return decode_graph_sizes(std::min<int64_t>(config.cuda_graph_max_bs, capacity.max_seqs));
+}
+
+void Engine::Impl::capture_decode_graphs() {
+  const std::vector<int64_t> sizes = graph_sizes();
+  if (sizes.empty()) return;
+  graphs = std::make_unique<DecodeGraphs>(model, backend, arena, ctx, builder, cache.layers(), logits_buf->view(),
+                                          sizes, max_context, config.testing_eager_decode_graphs);
+  if (!graphs->active()) {
+    graphs.reset();
+    return;
+  }
+  if (config.testing_eager_decode_graphs) {
+    log_info("decode steps padded to ", sizes.size(), " graph batch sizes up to ", sizes.back(),
+             ", run eagerly (testing)");
+    return;
+  }
+  log_info("CUDA graphs: ", sizes.size(), " decode batch sizes (", sizes.front(), " .. ", sizes.back(),
+           ") captured in ", std::round(graphs->capture_seconds() * 100) / 100, " s, ",
+           std::round(double(graphs->capture_bytes()) / (1 << 20) * 10) / 10,
+           " MiB of device memory, ", graphs->nodes_per_step(),
+           " kernels a step; --disable-cuda-graph runs every step eagerly");
+}
+
 SubmitResult Engine::Impl::validate(const RequestParams& p) const {
   auto invalid = [](std::string m) { return SubmitResult{0, SubmitError::Invalid, std::move(m)}; };
   if (p.prompt.empty()) return invalid("The prompt has no tokens.");
@@ -269,6 +311,7 @@ void Engine::Impl::publish_stats() {
   s.prompt_tokens = prompt_tokens;
   s.generated_tokens = generated_tokens;
   s.steps = steps;
+  s.graph_steps = graph_steps;
   s.failed_steps = failed_steps;
   std::lock_guard<std::mutex> lock(mu);
   snapshot = s;
@@ -335,11 +378,16 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
   // A step of prompt chunks that all end mid-prompt wants no logits: zero rows.
   const TensorView logits = logits_buf->view().rows(0, int64_t(sample_rows.size()));
   std::span<const ops::SampledToken> sampled;
+  const bool from_graph = graphs && decode_only(chunks) && graphs->covers(int64_t(chunks.size()));
   try {
     if (config.testing_fail_step == steps + failed_steps)
       fail("injected fault at step ", config.testing_fail_step, " (TETRA_TESTING_FAIL_STEP)");
-    arena.reset();
-    model.forward(ctx, builder.build(ctx, seq_chunks), cache.layers(), logits);
+    if (from_graph) {
+      graphs->run(seq_chunks);
+    } else {
+      arena.reset();
+      model.forward(ctx, builder.build(ctx, seq_chunks), cache.layers(), logits);
+    }
     sampled = sampler.sample(ctx, logits, sample_rows);
   } catch (const std::exception& e) {
     // The batch's requests cannot continue; the others keep their state and run next step.
@@ -350,6 +398,7 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
     return;
   }
   ++steps;
+  graph_steps += from_graph;
   size_t row = 0;
   for (const auto& c : chunks) post_process(c, c.want_logits ? &sampled[row++] : nullptr);
 }

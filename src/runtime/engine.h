@@ -34,12 +34,20 @@ struct EngineConfig {
   int num_continuous_decode_steps = 1;    // --num-continuous-decode-steps
   bool enable_prefix_caching = true;
   int64_t max_context = 0;                // 0: the model's max_position_embeddings
+  // Decode steps of up to this many sequences replay CUDA graphs captured at startup
+  // (SGLang's --cuda-graph-max-bs; capped by max_running_requests); where the backend has
+  // none (the CPU), or with disable_cuda_graph (--disable-cuda-graph), every step is eager.
+  int cuda_graph_max_bs = 256;
+  bool disable_cuda_graph = false;
   // Tests only: every prefix-cache block gets the same hash, so only the check of a hit's
   // token ids and parent keeps requests apart.
   bool testing_constant_block_hash = false;
   // Tests only: the forward with this index (0-based, counting failed ones) throws, as a device
   // fault would; -1 never. `tetra serve` reads it from TETRA_TESTING_FAIL_STEP.
   int64_t testing_fail_step = -1;
+  // Tests only: decode steps are padded to the graph batch sizes as a replay pads them, but
+  // run eagerly, on any backend (what a replay must match).
+  bool testing_eager_decode_graphs = false;
 };
 
 struct RequestParams {
@@ -91,6 +99,7 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0;  // totals since start
   int64_t steps = 0;
+  int64_t graph_steps = 0;   // of them, decode steps run from a decode graph (or its eager twin)
   int64_t failed_steps = 0;  // forwards that threw (a device fault): their requests got Error
 };
 

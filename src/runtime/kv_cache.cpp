@@ -17,11 +17,16 @@ KvCache::KvCache(ops::Backend& backend, const std::vector<model::KvLayerShape>& 
   for (const auto& l : layout) {
     auto k = backend.alloc(dt, {n_blocks, block_size, l.n_kv_heads, l.k_dim});
     auto v = backend.alloc(dt, {n_blocks, block_size, l.n_kv_heads, l.v_dim});
+    // Zeros, so a padding row that reads a block nobody wrote yet (a graph-sized decode
+    // batch's) sees finite values.
+    backend.fill_zero(k->view());
+    backend.fill_zero(v->view());
     ops::KvCacheLayer layer{k->view(), v->view(), {}};
     storage_.push_back(std::move(k));
     storage_.push_back(std::move(v));
     if (l.index_dim > 0) {
       auto index_k = backend.alloc(dt, {n_blocks, block_size, 1, l.index_dim});
+      backend.fill_zero(index_k->view());
       layer.index_k = index_k->view();
       storage_.push_back(std::move(index_k));
     }

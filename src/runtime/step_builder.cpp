@@ -27,19 +27,21 @@ StepBuilder::StepBuilder(ops::Backend& backend, int block_size, StepCapacity cap
   host_ = backend.alloc_host(at * 4);
 }
 
-model::StepInputs StepBuilder::build(const ops::Context& ctx, const std::vector<SeqChunk>& chunks) {
+model::StepInputs StepBuilder::build(const ops::Context& ctx, const std::vector<SeqChunk>& chunks,
+                                     int64_t pad_to) {
   // The last step's uploads read this mirror when the stream reaches them: wait for them
   // before rewriting it. A step that samples has waited already (its tokens came back); a
   // step of prompt chunks that all end mid-prompt has not. (Overlapped scheduling will want
   // two mirrors instead.)
   backend_.synchronize();
   int32_t* host = host_->view().as<int32_t>();
-  const int64_t n_seqs = int64_t(chunks.size()), mbps = capacity_.max_blocks_per_seq;
+  const int64_t n_real = int64_t(chunks.size()), n_seqs = std::max(n_real, pad_to),
+                mbps = capacity_.max_blocks_per_seq;
   TETRA_CHECK(n_seqs >= 1 && n_seqs <= capacity_.max_seqs, "a step of ", n_seqs,
               " sequences does not fit the step builder's ", capacity_.max_seqs);
   int64_t n_tokens = 0, n_rows = 0, max_query = 0, max_len = 0;
   host[seq_starts_.offset] = 0;
-  for (int64_t s = 0; s < n_seqs; ++s) {
+  for (int64_t s = 0; s < n_real; ++s) {
     const SeqChunk& c = chunks[size_t(s)];
     TETRA_CHECK(!c.tokens.empty(), "a step chunk has no tokens");
     const int64_t n = int64_t(c.tokens.size()), end_position = c.start_position + n;
@@ -67,6 +69,20 @@ model::StepInputs StepBuilder::build(const ops::Context& ctx, const std::vector<
     std::fill(table + c.blocks.size(), table + mbps, 0);
     max_query = std::max(max_query, n);
     max_len = std::max(max_len, end_position);
+  }
+  for (int64_t s = n_real; s < n_seqs; ++s) {
+    TETRA_CHECK(n_tokens < capacity_.max_tokens, "a step padded to ", n_seqs, " sequences does not fit the step builder's ",
+                capacity_.max_tokens, " tokens");
+    host[tokens_.offset + n_tokens] = 0;
+    host[positions_.offset + n_tokens] = 0;
+    host[slots_.offset + n_tokens] = -1;
+    host[rows_.offset + n_rows++] = int32_t(n_tokens);
+    ++n_tokens;
+    host[seq_starts_.offset + s + 1] = int32_t(n_tokens);
+    host[seq_lens_.offset + s] = 1;
+    std::fill_n(host + tables_.offset + s * mbps, mbps, 0);
+    max_query = std::max<int64_t>(max_query, 1);
+    max_len = std::max<int64_t>(max_len, 1);
   }
 
   model::StepInputs in;

@@ -36,7 +36,11 @@ class StepBuilder {
   // The returned inputs point into this builder's device buffer until the next build().
   // Uploads are ordered on ctx's stream; build() first waits for the backend's queued work,
   // since the previous step's uploads read the host mirror it rewrites.
-  model::StepInputs build(const ops::Context& ctx, const std::vector<SeqChunk>& chunks);
+  //
+  // `pad_to` > chunks.size() appends padding sequences up to that many (a CUDA graph's batch
+  // size): one token each (id 0 at position 0, slot -1, so nothing is written), reading one
+  // key of block 0, with a logits row.
+  model::StepInputs build(const ops::Context& ctx, const std::vector<SeqChunk>& chunks, int64_t pad_to = 0);
 
   const StepCapacity& capacity() const { return capacity_; }
 

@@ -436,6 +436,83 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaEngine,
                            return n;
                          });
 
+// Decode graphs: a replay runs the kernels of the padded eager step with the same arguments,
+// so requests arriving and finishing (batches of 3, 5, 6, 7 padded to 4 and 8) get exactly
+// the tokens and log-probs of that eager step; and a batch of a captured size gets exactly
+// plain eager decode's (its attention splits do not depend on the plan's context).
+class CudaGraphs : public Cuda, public ::testing::WithParamInterface<std::string> {};
+
+std::vector<Generated> run_staggered(model::Model& m, ops::Backend& b, const std::vector<runtime::RequestParams>& reqs,
+                                     runtime::EngineConfig config, runtime::EngineStats* stats_out) {
+  runtime::Engine engine(m, b, config);
+  std::map<uint64_t, Generated> by_id;
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto r = engine.submit(reqs[i], [&by_id](const runtime::RequestOutput& o) {
+      for (const auto& t : o.tokens) {
+        by_id[o.request_id].tokens.push_back(t.token);
+        by_id[o.request_id].logprobs.push_back(t.logprob);
+      }
+    });
+    EXPECT_EQ(r.error, runtime::SubmitError::None) << r.message;
+    ids.push_back(r.request_id);
+    for (size_t k = 0; k < 1 + i % 3; ++k) engine.step();
+  }
+  while (engine.step()) {
+  }
+  *stats_out = engine.stats();
+  EXPECT_EQ(stats_out->kv_blocks_used, 0);
+  EXPECT_EQ(stats_out->failed_steps, 0);
+  std::vector<Generated> out;
+  for (uint64_t id : ids) out.push_back(by_id[id]);
+  return out;
+}
+
+void expect_same(const std::vector<Generated>& got, const std::vector<Generated>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << what << " request " << i;
+    EXPECT_EQ(got[i].logprobs, want[i].logprobs) << what << " request " << i;
+  }
+}
+
+TEST_P(CudaGraphs, ReplayEqualsTheEagerStep) {
+  const auto dir = testing::fixtures_dir() / GetParam();
+  auto model = model::load_model(dir, *gpu, {.dummy = true});
+  const auto reqs = mixed_requests(9, model->config().vocab_size, 3);
+  runtime::EngineConfig graphs = small_engine();
+  graphs.max_running_requests = 8;  // sizes 1, 2, 4, 8
+  runtime::EngineConfig padded_eager = graphs;
+  padded_eager.testing_eager_decode_graphs = true;
+  runtime::EngineStats with_graphs, eager;
+  const auto got = run_staggered(*model, *gpu, reqs, graphs, &with_graphs);
+  const auto want = run_staggered(*model, *gpu, reqs, padded_eager, &eager);
+  EXPECT_GT(with_graphs.graph_steps, 0);
+  EXPECT_EQ(with_graphs.graph_steps, eager.graph_steps);
+  expect_same(got, want, GetParam() + " padded");
+
+  // Four requests decoding in lockstep: every decode step is a batch of 4, a captured size.
+  std::vector<runtime::RequestParams> lockstep(reqs.begin(), reqs.begin() + 4);
+  for (auto& p : lockstep) p.max_new_tokens = 24;
+  runtime::EngineConfig no_graphs = graphs;
+  no_graphs.disable_cuda_graph = true;
+  runtime::EngineStats s;
+  const auto replayed = run_engine(*model, *gpu, lockstep, graphs, &s);
+  EXPECT_GT(s.graph_steps, 20);
+  const auto plain = run_engine(*model, *gpu, lockstep, no_graphs, &s);
+  EXPECT_EQ(s.graph_steps, 0);
+  expect_same(replayed, plain, GetParam() + " lockstep");
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaGraphs,
+                         ::testing::Values("qwen3_moe-small-nvfp4-config", "qwen3_moe-small-dense-config",
+                                           "glm4_moe-small-config", "mixtral-small-config"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
 TEST_F(Cuda, AbortFreesEverythingMidStream) {
   const auto dir = testing::fixtures_dir() / "qwen3_moe-tiny";
   auto model = model::load_model(dir, *gpu);

@@ -204,6 +204,33 @@ TEST_F(BackendParity, RmsNormAndLayerNorm) {
   }
 }
 
+TEST_F(BackendParity, AddRmsNorm) {
+  // The fused residual step leaves h exactly as add does, and out within one rounding of
+  // rms_norm's, on both backends.
+  struct Case { int64_t rows, d; };
+  for (const Case c : {Case{1, 64}, Case{37, 72}, Case{5, 2048}, Case{3, 6144}}) {
+    const auto h = randn(c.rows * c.d, 3.0f), y = randn(c.rows * c.d, 1.0f), w = randn(c.d, 0.3f);
+    std::vector<float> got_h, want_h, got, want;
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      const TensorView hv = s->act(h, {c.rows, c.d}), yv = s->act(y, {c.rows, c.d});
+      const TensorView wv = s->put(w, {c.d}, DType::BF16);
+      const TensorView ov = s->out_act({c.rows, c.d});
+      s->b->add_rms_norm(s->ctx, hv, yv, wv, 1e-6f, ov);
+      (s == cpu.get() ? want_h : got_h) = s->read(hv);
+      (s == cpu.get() ? want : got) = s->read(ov);
+      // The unfused ops on the same backend: the same numbers, bit for bit.
+      const TensorView h2 = s->act(h, {c.rows, c.d}), o2 = s->out_act({c.rows, c.d});
+      s->b->add(s->ctx, h2, yv, h2);
+      s->b->rms_norm(s->ctx, h2, wv, 1e-6f, o2);
+      EXPECT_EQ(s->read(h2), s->read(hv)) << s->b->name() << " h";
+      EXPECT_EQ(s->read(o2), s->read(ov)) << s->b->name() << " out";
+    }
+    // The CPU keeps f32 activations: its h is the exact sum; CUDA's one bf16 rounding of it.
+    report("add_rms_norm h " + std::to_string(c.rows) + "x" + std::to_string(c.d), nmse(got_h, want_h), kBf16Out);
+    report("add_rms_norm out " + std::to_string(c.rows) + "x" + std::to_string(c.d), nmse(got, want), kBf16Out);
+  }
+}
+
 TEST_F(BackendParity, LinearEveryFormatAndShape) {
   struct Case { WeightFormat f; DType dt; int64_t t, n_out, n_in; bool bias; DType out; const char* name; };
   const Case cases[] = {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_test_util.h"
+#include "runtime/decode_graphs.h"
 
 namespace tetra {
 namespace {
@@ -243,6 +244,39 @@ TEST(Engine, TopLogprobsListTheBestAlternatives) {
     EXPECT_NEAR(got.top[i][0].second, got.logprobs[i], 1e-6);
     for (size_t j = 1; j < 5; ++j) EXPECT_LE(got.top[i][j].second, got.top[i][j - 1].second);
   }
+}
+
+TEST(Engine, DecodeStepsPaddedToGraphSizesKeepGreedyTokens) {
+  // Decode steps padded as a CUDA graph replay pads them (sizes 1, 2, 4, 6), run eagerly:
+  // with requests arriving and finishing, batches of 3 and 5 carry padding rows, and nobody's
+  // tokens or log-probs change.
+  testing::TinyModel m;
+  EngineConfig c = testing::small_config();
+  c.max_running_requests = 6;
+  c.testing_eager_decode_graphs = true;
+  Engine engine(*m.model, *m.backend, c);
+  Collector out;
+  const auto requests = mixed_requests(m, 9, 4);
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ids.push_back(testing::submit_ok(engine, requests[i], out));
+    for (size_t k = 0; k < i % 3; ++k) engine.step();
+  }
+  testing::drain(engine);
+  for (size_t i = 0; i < requests.size(); ++i)
+    expect_matches_generate(m, requests[i], out.by_id[ids[i]], "request " + std::to_string(i));
+  const auto s = engine.stats();
+  EXPECT_GT(s.graph_steps, 0);
+  EXPECT_LT(s.graph_steps, s.steps);  // prompt steps stay eager
+  EXPECT_EQ(s.kv_blocks_used, 0);
+}
+
+TEST(Engine, GraphSizesAscendToTheCap) {
+  EXPECT_EQ(runtime::decode_graph_sizes(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(runtime::decode_graph_sizes(6), (std::vector<int64_t>{1, 2, 4, 6}));
+  EXPECT_EQ(runtime::decode_graph_sizes(16), (std::vector<int64_t>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(runtime::decode_graph_sizes(30), (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 30}));
+  EXPECT_EQ(runtime::decode_graph_sizes(256).size(), 35u);
 }
 
 TEST(Engine, EverythingAtOnceKeepsGreedyTokens) {

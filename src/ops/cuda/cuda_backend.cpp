@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -59,6 +60,41 @@ class LayerExperts final : public MoeExperts {
   std::unique_ptr<MoeExperts> routed_;
   std::optional<MlpWeights> shared_;
 };
+
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, int64_t n_nodes) : exec_(exec), n_nodes_(n_nodes) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  void replay(const Context& ctx) override { TETRA_CUDA_CHECK(cudaGraphLaunch(exec_, stream_of(ctx))); }
+  int64_t n_nodes() const override { return n_nodes_; }
+
+ private:
+  cudaGraphExec_t exec_;
+  int64_t n_nodes_;
+};
+
+// Thread-local capture: a call on this thread that would synchronize or allocate (which a
+// replay could not repeat) fails the capture instead of slipping into it.
+std::unique_ptr<Graph> capture_graph(cudaStream_t stream, const std::function<void()>& body) {
+  TETRA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    body();
+  } catch (...) {
+    cudaStreamEndCapture(stream, &graph);  // leaves the stream usable again
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    throw;
+  }
+  TETRA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  size_t n_nodes = 0;
+  cudaGraphGetNodes(graph, nullptr, &n_nodes);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  TETRA_CUDA_CHECK(err);
+  return std::make_unique<CudaGraph>(exec, int64_t(n_nodes));
+}
 
 class CudaBackend final : public Backend {
  public:
@@ -158,6 +194,9 @@ class CudaBackend final : public Backend {
     if (uploader_) uploader_->finish();
     TETRA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
+  std::unique_ptr<Graph> capture(const Context& ctx, const std::function<void()>& body) override {
+    return capture_graph(stream_of(ctx), body);
+  }
 
   // ---- ops ----
   void embedding(const Context& ctx, TensorView table, TensorView ids, TensorView out) override {
@@ -166,6 +205,11 @@ class CudaBackend final : public Backend {
   void rms_norm(const Context& ctx, TensorView x, TensorView weight, float eps, TensorView out) override {
     check_device(x, "rms_norm", "x");
     cuda::rms_norm(stream_of(ctx), x, weight, eps, out);
+  }
+  void add_rms_norm(const Context& ctx, TensorView h, TensorView delta, TensorView weight, float eps,
+                    TensorView out) override {
+    check_device(h, "add_rms_norm", "h");
+    cuda::add_rms_norm(stream_of(ctx), h, delta, weight, eps, out);
   }
   void layer_norm(const Context& ctx, TensorView x, TensorView weight, TensorView bias, float eps,
                   TensorView out) override {
@@ -326,6 +370,8 @@ void CudaBackend::sample(const Context& ctx, TensorView logits, TensorView rows,
 
 // Tunes the MoE tiles of each distinct expert shape for token counts 1, 2, 4, ... up to
 // max_tokens, on random inputs (the tuner keys on power-of-two buckets), before any forward.
+// A bucket the tuner holds already (an earlier engine's, or the cache file's) keeps its
+// choice, so every engine of a process runs the same tiles.
 void CudaBackend::warm_up(const Context& ctx, const std::vector<const MoeExperts*>& experts, int top_k,
                           int64_t max_tokens) {
   if (!autotune_) return;
@@ -344,6 +390,12 @@ void CudaBackend::warm_up(const Context& ctx, const std::vector<const MoeExperts
     const MoeShape& s = experts_shape(*routed);
     std::string report;
     for (int64_t t = 1;; t = std::min(2 * t, max_tokens)) {
+      if (moe_tuned(ctx, *routed, t, top_k)) {
+        report += str_cat(report.empty() ? "" : ", ", "T=", t, ": ", pick_moe_config(ctx, *routed, t, top_k).tile_tokens,
+                          " (tuned before)");
+        if (t >= max_tokens) break;
+        continue;
+      }
       DeviceBuffer x(DType::BF16, {t, s.hidden}), out(DType::BF16, {t, s.hidden});
       DeviceBuffer ids(DType::I32, {t, top_k}), w(DType::F32, {t, top_k});
       DeviceBuffer ws(DType::U8, {moe_workspace_bytes(*routed, t, top_k)});

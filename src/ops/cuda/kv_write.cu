@@ -6,8 +6,9 @@
 namespace tetra::ops::cuda {
 namespace {
 
-// A slot outside the cache writes nothing: the step builder never makes one, and a fault in
-// a kernel would take the whole context down where the CPU backend throws.
+// Slot -1 (a padding row of a graph-sized decode batch) writes nothing, nor does a slot past
+// the cache: a fault in a kernel would take the whole context down where the CPU backend
+// throws.
 __global__ void cache_write_kernel(const void* rows, DType rdt, const int32_t* slots, int64_t n_tokens,
                                    int64_t width, int64_t n_slots, void* cache, DType cdt) {
   const int64_t total = n_tokens * width;

@@ -187,6 +187,11 @@ MoeConfig pick_moe_config(const Context& ctx, const MoeExperts& experts, int64_t
   return heuristic_config(ex, n_tokens, top_k);
 }
 
+bool moe_tuned(const Context& ctx, const MoeExperts& experts, int64_t n_tokens, int top_k) {
+  const auto& ex = as_cuda(experts);
+  return ex.tuner && ex.tuner->find(tune_key(ctx, ex, n_tokens, top_k)).has_value();
+}
+
 namespace {
 
 // The checks moe_experts and tune_moe share; the number of tokens.

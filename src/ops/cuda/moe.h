@@ -80,6 +80,8 @@ void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView we
 // choice for this GPU, shape and token bucket if it has one, else the heuristic. moe_experts
 // never tunes: tune_moe does, at warm-up.
 MoeConfig pick_moe_config(const Context& ctx, const MoeExperts& experts, int64_t n_tokens, int top_k);
+// Whether the experts' tuner already holds a choice for T tokens (from this run or its cache file).
+bool moe_tuned(const Context& ctx, const MoeExperts& experts, int64_t n_tokens, int top_k);
 
 // Times the heuristic's tile and its neighbours on these inputs (one warm-up, best of three),
 // records the fastest in the experts' tuner and returns it; `out` is left holding the chosen

@@ -12,10 +12,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // One warp per row (rows of up to a few thousand values: qk-norm heads, hidden states of
-// small models), or one block per row for wide rows (block_row).
+// small models), or one block per row for wide rows (block_row). With `delta`, x += delta
+// first (add_rms_norm): each thread stores the sums it owns and reads them back rounded, so
+// the norm sees exactly what a separate add would have left.
 template <bool kLayerNorm>
-__global__ void norm_kernel(const void* x, DType xdt, const void* w, DType wdt, const void* b, DType bdt,
-                            float eps, void* out, DType odt, int64_t rows, int64_t d, bool block_row) {
+__global__ void norm_kernel(void* x, DType xdt, const void* delta, DType ddt, const void* w, DType wdt,
+                            const void* b, DType bdt, float eps, void* out, DType odt, int64_t rows, int64_t d,
+                            bool block_row) {
   __shared__ float partial[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = block_row ? blockIdx.x : blockIdx.x * (blockDim.x / 32) + warp;
@@ -36,6 +39,9 @@ __global__ void norm_kernel(const void* x, DType xdt, const void* w, DType wdt, 
     __syncthreads();
     return total;
   };
+  if (delta)
+    for (int64_t i = first; i < d; i += stride)
+      store_float(x, base + i, xdt, load_float(x, base + i, xdt) + load_float(delta, base + i, ddt));
   float mean = 0.0f;
   if (kLayerNorm) {
     float s = 0.0f;
@@ -59,21 +65,27 @@ __global__ void norm_kernel(const void* x, DType xdt, const void* w, DType wdt, 
 bool is_float(DType d) { return d == DType::BF16 || d == DType::F16 || d == DType::F32; }
 
 template <bool kLayerNorm>
-void launch(cudaStream_t stream, TensorView x, TensorView w, TensorView b, float eps, TensorView out) {
+void launch(cudaStream_t stream, TensorView x, TensorView delta, TensorView w, TensorView b, float eps,
+            TensorView out) {
   const int64_t d = x.dim(-1);
   TETRA_CHECK(d > 0 && w.numel() == d && (b.empty() || b.numel() == d), kLayerNorm ? "layer_norm" : "rms_norm",
               ": weight of ", w.numel(), " values for rows of ", d);
   TETRA_CHECK(out.numel() == x.numel() && is_float(x.dtype) && is_float(out.dtype) && is_float(w.dtype),
               kLayerNorm ? "layer_norm" : "rms_norm", ": float tensors of one size expected");
+  TETRA_CHECK(delta.empty() || (delta.numel() == x.numel() && delta.dtype == x.dtype && out.data != x.data &&
+                                 out.data != delta.data),
+              "add_rms_norm: delta must match h in size and dtype, and out must be a third tensor");
   const int64_t rows = x.numel() / d;
   if (rows == 0) return;
   if (d <= 2048) {
     constexpr int kWarps = 8;
     norm_kernel<kLayerNorm><<<int((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(
-        x.data, x.dtype, w.data, w.dtype, b.data, b.dtype, eps, out.data, out.dtype, rows, d, false);
+        x.data, x.dtype, delta.data, delta.dtype, w.data, w.dtype, b.data, b.dtype, eps, out.data, out.dtype, rows,
+        d, false);
   } else {
-    norm_kernel<kLayerNorm><<<int(rows), 512, 0, stream>>>(x.data, x.dtype, w.data, w.dtype, b.data, b.dtype, eps,
-                                                          out.data, out.dtype, rows, d, true);
+    norm_kernel<kLayerNorm><<<int(rows), 512, 0, stream>>>(x.data, x.dtype, delta.data, delta.dtype, w.data,
+                                                          w.dtype, b.data, b.dtype, eps, out.data, out.dtype, rows,
+                                                          d, true);
   }
   TETRA_CUDA_CHECK_LAUNCH("norm");
 }
@@ -81,11 +93,15 @@ void launch(cudaStream_t stream, TensorView x, TensorView w, TensorView b, float
 }  // namespace
 
 void rms_norm(cudaStream_t stream, TensorView x, TensorView weight, float eps, TensorView out) {
-  launch<false>(stream, x, weight, {}, eps, out);
+  launch<false>(stream, x, {}, weight, {}, eps, out);
+}
+
+void add_rms_norm(cudaStream_t stream, TensorView h, TensorView delta, TensorView weight, float eps, TensorView out) {
+  launch<false>(stream, h, delta, weight, {}, eps, out);
 }
 
 void layer_norm(cudaStream_t stream, TensorView x, TensorView weight, TensorView bias, float eps, TensorView out) {
-  launch<true>(stream, x, weight, bias, eps, out);
+  launch<true>(stream, x, {}, weight, bias, eps, out);
 }
 
 }  // namespace tetra::ops::cuda
