@@ -108,13 +108,8 @@ class GqaMoeModel : public Model {
       b.linear(ctx, x, a.q, q.reshaped({n_tokens, n_heads * hd}));
       b.linear(ctx, x, a.k, k.reshaped({n_tokens, n_kv * hd}));
       b.linear(ctx, x, a.v, v.reshaped({n_tokens, n_kv * hd}));
-      if (c.qk_norm) {
-        b.rms_norm(ctx, q, a.q_norm, float(c.rms_norm_eps), q);
-        b.rms_norm(ctx, k, a.k_norm, float(c.rms_norm_eps), k);
-      }
-      b.rope(ctx, q, in.attn.positions, rope_.spec);
-      b.rope(ctx, k, in.attn.positions, rope_.spec);
-      b.kv_write(ctx, k, v, in.attn, cache[l]);
+      b.qk_norm_rope_kv_write(ctx, q, k, v, a.q_norm, a.k_norm, float(c.rms_norm_eps), rope_.spec, in.attn,
+                              cache[l]);
       b.attention(ctx, q, cache[l], in.attn, scale, attn);
       b.linear(ctx, attn.reshaped({n_tokens, n_heads * hd}), a.o, y);
       b.add_rms_norm(ctx, h, y, layer.post_attention_norm, float(c.rms_norm_eps), x);

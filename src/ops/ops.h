@@ -286,6 +286,21 @@ class Backend {
   // Writes rows [T, ...] to their slots of one cache tensor [n_blocks, block_size, ...].
   virtual void cache_write(const Context& ctx, TensorView rows, const AttentionBatch& batch,
                            TensorView cache) = 0;
+  // The attention inputs' last step in one pass: each head of q [T, H, D] and k [T, KV, D]
+  // takes its RMSNorm where q_norm and k_norm are given (the qk-norm families), then rope at
+  // the batch's positions, in place; then k and v go to the cache at the batch's slots. Equal
+  // to rms_norm, rope and kv_write in turn, which is the default.
+  virtual void qk_norm_rope_kv_write(const Context& ctx, TensorView q, TensorView k, TensorView v,
+                                     TensorView q_norm, TensorView k_norm, float eps, const RopeSpec& rope_spec,
+                                     const AttentionBatch& batch, const KvCacheLayer& cache) {
+    if (!q_norm.empty()) {
+      rms_norm(ctx, q, q_norm, eps, q);
+      rms_norm(ctx, k, k_norm, eps, k);
+    }
+    rope(ctx, q, batch.positions, rope_spec);
+    rope(ctx, k, batch.positions, rope_spec);
+    kv_write(ctx, k, v, batch, cache);
+  }
   // Causal attention of q [T, n_heads, d_k] over the cached keys of each token's sequence up
   // to its own position; heads share KV heads in groups (GQA). out [T, n_heads, d_v].
   virtual void attention(const Context& ctx, TensorView q, const KvCacheLayer& cache,

@@ -285,6 +285,66 @@ TEST_F(BackendParity, Rope) {
   }
 }
 
+TEST_F(BackendParity, QkNormRopeKvWrite) {
+  // The fused attention-input step against the CPU, and on each backend against rms_norm,
+  // rope and kv_write run in turn (bit for bit). Slots -1 (padding) write nothing.
+  struct Case { int64_t heads, kv_heads, dim; int rotary; bool interleaved, qk_norm; };
+  for (const Case c : {Case{32, 4, 128, 128, false, true}, Case{8, 2, 64, 32, true, false},
+                       Case{6, 3, 24, 24, false, true}}) {
+    const int64_t t = 13, n_blocks = 4, bs = 8;
+    const auto q = randn(t * c.heads * c.dim, 2.0f), k = randn(t * c.kv_heads * c.dim, 2.0f),
+               v = randn(t * c.kv_heads * c.dim), qn = randn(c.dim, 0.5f), kn = randn(c.dim, 0.5f);
+    std::vector<int32_t> pos(static_cast<size_t>(t)), slots(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i) {
+      pos[size_t(i)] = int32_t(rng() % 5000u);
+      slots[size_t(i)] = i % 5 == 3 ? -1 : int32_t((i * 7) % (n_blocks * bs));
+    }
+    std::vector<float> inv(static_cast<size_t>(c.rotary / 2));
+    for (int i = 0; i < c.rotary / 2; ++i) inv[size_t(i)] = float(std::pow(10000.0, -2.0 * i / c.rotary));
+    std::vector<float> got[3], want[3];
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      const RopeSpec spec{.inv_freq = s->put(inv, {int64_t(inv.size())}, DType::F32), .rotary_dim = c.rotary,
+                          .interleaved = c.interleaved};
+      AttentionBatch b;
+      b.n_tokens = int(t);
+      b.positions = s->ints(pos, {t});
+      b.slot_mapping = s->ints(slots, {t});
+      const Shape cache_shape{n_blocks, bs, c.kv_heads, c.dim};
+      std::vector<float> results[2][3];
+      for (int fused = 0; fused < 2; ++fused) {
+        const KvCacheLayer cache{s->put(std::vector<float>(size_t(cache_shape.numel()), 0.0f), cache_shape,
+                                        s->b->kv_dtype()),
+                                 s->put(std::vector<float>(size_t(cache_shape.numel()), 0.0f), cache_shape,
+                                        s->b->kv_dtype()),
+                                 {}};
+        const TensorView qv = s->act(q, {t, c.heads, c.dim}), kv = s->act(k, {t, c.kv_heads, c.dim}),
+                         vv = s->act(v, {t, c.kv_heads, c.dim});
+        const TensorView qnv = c.qk_norm ? s->put(qn, {c.dim}, DType::BF16) : TensorView{},
+                         knv = c.qk_norm ? s->put(kn, {c.dim}, DType::BF16) : TensorView{};
+        if (fused) {
+          s->b->qk_norm_rope_kv_write(s->ctx, qv, kv, vv, qnv, knv, 1e-6f, spec, b, cache);
+        } else {
+          if (c.qk_norm) {
+            s->b->rms_norm(s->ctx, qv, qnv, 1e-6f, qv);
+            s->b->rms_norm(s->ctx, kv, knv, 1e-6f, kv);
+          }
+          s->b->rope(s->ctx, qv, b.positions, spec);
+          s->b->rope(s->ctx, kv, b.positions, spec);
+          s->b->kv_write(s->ctx, kv, vv, b, cache);
+        }
+        results[fused][0] = s->read(qv), results[fused][1] = s->read(cache.k), results[fused][2] = s->read(cache.v);
+      }
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(results[1][i], results[0][i]) << s->b->name() << " output " << i;
+      for (int i = 0; i < 3; ++i) (s == cpu.get() ? want : got)[i] = results[1][i];
+    }
+    const std::string name = " d=" + std::to_string(c.dim) + " rotary=" + std::to_string(c.rotary) +
+                             (c.qk_norm ? " qk-norm" : "") + (c.interleaved ? " interleaved" : "");
+    report("qk_norm_rope_kv_write q" + name, nmse(got[0], want[0]), kBf16Out);
+    report("qk_norm_rope_kv_write k cache" + name, nmse(got[1], want[1]), kBf16Out);
+    report("qk_norm_rope_kv_write v cache" + name, nmse(got[2], want[2]), kBf16Out);
+  }
+}
+
 TEST_F(BackendParity, ElementwiseGatherAndColumns) {
   const int64_t t = 33, n = 200;
   const auto a = randn(t * n), b = randn(t * n);

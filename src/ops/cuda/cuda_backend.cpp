@@ -24,6 +24,7 @@
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tune.h"
 #include "ops/cuda/norm.h"
+#include "ops/cuda/qk_rope_kv.h"
 #include "ops/cuda/rope.h"
 #include "ops/cuda/sampling.h"
 
@@ -233,6 +234,13 @@ class CudaBackend final : public Backend {
                 const KvCacheLayer& cache) override {
     cache_write(ctx, k, batch, cache.k);
     cache_write(ctx, v, batch, cache.v);
+  }
+  void qk_norm_rope_kv_write(const Context& ctx, TensorView q, TensorView k, TensorView v, TensorView q_norm,
+                             TensorView k_norm, float eps, const RopeSpec& rope_spec, const AttentionBatch& batch,
+                             const KvCacheLayer& cache) override {
+    check_device(q, "qk_norm_rope_kv_write", "q");
+    cuda::qk_norm_rope_kv_write(stream_of(ctx), q, k, v, q_norm, k_norm, eps, batch.positions, rope_spec,
+                                batch.slot_mapping, cache.k, cache.v);
   }
   void cache_write(const Context& ctx, TensorView rows, const AttentionBatch& batch, TensorView cache) override {
     cuda::cache_write(stream_of(ctx), rows, batch.slot_mapping, cache);

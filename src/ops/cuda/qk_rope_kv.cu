@@ -1,0 +1,117 @@
+#include "ops/cuda/qk_rope_kv.h"
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_values.cuh"
+
+namespace tetra::ops::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+struct HeadArgs {
+  void *q, *k;
+  const void* v;
+  DType dt, vdt, wdt, cdt;
+  const void *q_norm, *k_norm;
+  float eps;
+  const int32_t* positions;
+  const float* inv_freq;
+  float scaling;
+  int half;
+  bool interleaved;
+  const int32_t* slots;
+  void *k_cache, *v_cache;
+  int64_t n_tokens, n_slots;
+  int n_heads, n_kv_heads, d, d_v;
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One warp per (token, head) over the q heads and then the k heads; a k head's warp also
+// moves that head's v. The global writes of each phase are read back by the same warp after
+// __syncwarp, so every value is rounded to the activation dtype exactly where the separate
+// ops round it.
+__global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs a) {
+  const int lane = int(threadIdx.x) % 32;
+  const int64_t w = int64_t(blockIdx.x) * kWarps + int(threadIdx.x) / 32;
+  const int heads = a.n_heads + a.n_kv_heads;
+  if (w >= a.n_tokens * heads) return;
+  const int64_t t = w / heads;
+  const int hh = int(w % heads);
+  const bool is_q = hh < a.n_heads;
+  const int kv_head = hh - a.n_heads;
+  void* x = is_q ? a.q : a.k;
+  const int64_t base = (is_q ? t * a.n_heads + hh : t * a.n_kv_heads + kv_head) * a.d;
+  const void* norm = is_q ? a.q_norm : a.k_norm;
+  if (norm) {
+    float sq = 0.0f;
+    for (int i = lane; i < a.d; i += 32) {
+      const float v = load_float(x, base + i, a.dt);
+      sq += v * v;
+    }
+    const float inv = rsqrtf(warp_sum(sq) / float(a.d) + a.eps);
+    for (int i = lane; i < a.d; i += 32) {
+      const float v = load_float(x, base + i, a.dt);
+      store_float(x, base + i, a.dt, load_float(norm, i, a.wdt) * (v * inv));
+    }
+    __syncwarp();
+  }
+  const float pos = float(a.positions[t]);
+  for (int p = lane; p < a.half; p += 32) {
+    const float angle = pos * a.inv_freq[p];
+    const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
+    const int64_t ia = base + (a.interleaved ? 2 * p : p), ib = base + (a.interleaved ? 2 * p + 1 : p + a.half);
+    const float x1 = load_float(x, ia, a.dt), x2 = load_float(x, ib, a.dt);
+    store_float(x, ia, a.dt, x1 * c - x2 * s);
+    store_float(x, ib, a.dt, x2 * c + x1 * s);
+  }
+  if (is_q) return;
+  const int32_t slot = a.slots[t];
+  if (slot < 0 || slot >= a.n_slots) return;
+  __syncwarp();
+  const int64_t k_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d;
+  for (int i = lane; i < a.d; i += 32) store_float(a.k_cache, k_at + i, a.cdt, load_float(x, base + i, a.dt));
+  const int64_t v_from = (t * a.n_kv_heads + kv_head) * a.d_v, v_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d_v;
+  for (int i = lane; i < a.d_v; i += 32) store_float(a.v_cache, v_at + i, a.cdt, load_float(a.v, v_from + i, a.vdt));
+}
+
+}  // namespace
+
+void qk_norm_rope_kv_write(cudaStream_t stream, TensorView q, TensorView k, TensorView v, TensorView q_norm,
+                           TensorView k_norm, float eps, TensorView positions, const RopeSpec& rope,
+                           TensorView slots, TensorView k_cache, TensorView v_cache) {
+  const char* op = "qk_norm_rope_kv_write";
+  TETRA_CHECK(q.shape.rank == 3 && k.shape.rank == 3 && v.shape.rank == 3, op, ": q, k and v must be [T, heads, d]");
+  const int64_t T = q.dim(0), H = q.dim(1), D = q.dim(2), KV = k.dim(1), Dv = v.dim(2);
+  TETRA_CHECK(k.dim(0) == T && v.dim(0) == T && k.dim(2) == D && v.dim(1) == KV, op, ": q ", q.shape.str(), ", k ",
+              k.shape.str(), " and v ", v.shape.str(), " do not agree");
+  TETRA_CHECK(k.dtype == q.dtype && (q_norm.empty() == k_norm.empty()) &&
+                  (q_norm.empty() || (q_norm.numel() == D && k_norm.numel() == D && q_norm.dtype == k_norm.dtype)),
+              op, ": q and k share a dtype, and q_norm and k_norm are both [", D, "] or both absent");
+  TETRA_CHECK(positions.numel() == T && positions.dtype == DType::I32 && slots.numel() == T &&
+                  slots.dtype == DType::I32,
+              op, ": one I32 position and slot per token");
+  TETRA_CHECK(rope.rotary_dim <= D && rope.rotary_dim % 2 == 0 && rope.inv_freq.dtype == DType::F32 &&
+                  rope.inv_freq.numel() * 2 >= rope.rotary_dim,
+              op, ": rotary_dim ", rope.rotary_dim, " does not fit a head of ", D);
+  TETRA_CHECK(k_cache.shape.rank == 4 && v_cache.shape.rank == 4 && k_cache.dim(2) == KV && k_cache.dim(3) == D &&
+                  v_cache.dim(2) == KV && v_cache.dim(3) == Dv && k_cache.dtype == v_cache.dtype,
+              op, ": the cache ", k_cache.shape.str(), " / ", v_cache.shape.str(), " does not hold ", KV,
+              " KV heads of ", D, " and ", Dv);
+  TETRA_CHECK(D <= INT32_MAX && Dv <= INT32_MAX && H + KV <= INT32_MAX, op, ": heads too wide");
+  if (T == 0) return;
+  HeadArgs a{q.data, k.data, v.data, q.dtype, v.dtype, q_norm.dtype, k_cache.dtype,
+             q_norm.empty() ? nullptr : q_norm.data, k_norm.empty() ? nullptr : k_norm.data, eps,
+             positions.as<const int32_t>(), rope.inv_freq.as<const float>(), rope.attention_scaling,
+             rope.rotary_dim / 2, rope.interleaved, slots.as<const int32_t>(), k_cache.data, v_cache.data, T,
+             k_cache.dim(0) * k_cache.dim(1), int(H), int(KV), int(D), int(Dv)};
+  const int64_t warps = T * (H + KV);
+  TETRA_CHECK((warps + kWarps - 1) / kWarps <= INT32_MAX, op, ": too many heads for one launch");
+  qk_rope_kv_kernel<<<unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(a);
+  TETRA_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace tetra::ops::cuda
