@@ -89,7 +89,7 @@ int cmd_generate(int argc, char** argv) {
 #ifdef TETRA_HAVE_TOKENIZER
     TETRA_CHECK(tokenizer.has_value(), "--prompt needs ", (dir / "tokenizer.json").string(),
                 "; use --prompt-ids with a model that has no tokenizer");
-    for (auto id : tokenizer->encode(prompt)) prompt_tokens.push_back(int32_t(id));
+    for (auto id : tokenizer->encode(prompt, {.add_special_tokens = true})) prompt_tokens.push_back(int32_t(id));
     TETRA_CHECK(!prompt_tokens.empty(), "the prompt encodes to no tokens");
 #else
     fail("--prompt needs a build with the tokenizer; use --prompt-ids");

@@ -114,11 +114,9 @@ std::vector<int32_t> prompt_tokens(const ServingContext& ctx, const GenerationRe
   if (r.endpoint == Endpoint::ChatCompletions) {
     ids = chat_prompt_tokens(tokenizer, r);
   } else if (r.prompt_text) {
-    const auto& cfg = tokenizer.config();
-    if (cfg.add_bos_token && cfg.bos_token)
-      if (auto bos = tokenizer.token_to_id(*cfg.bos_token)) ids.push_back(int32_t(*bos));
-    // User text never produces control tokens: "<|im_end|>" typed in a prompt is plain text.
-    for (auto id : tokenizer.encode(*r.prompt_text, {.parse_special = false})) ids.push_back(int32_t(id));
+    // A completion prompt is the client's whole prompt, encoded as HF's tokenizer(text) and
+    // vLLM encode it: special-token strings become those tokens, BOS by the tokenizer's rule.
+    for (auto id : tokenizer.encode(*r.prompt_text, {.add_special_tokens = true})) ids.push_back(int32_t(id));
   } else {
     ids = r.prompt_ids;
   }
