@@ -20,6 +20,7 @@
 #include "runtime/generate.h"
 #ifdef TETRA_HAVE_TOKENIZER
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_check.h"
 #endif
 
 namespace tetra::cli {
@@ -78,9 +79,13 @@ int cmd_generate(int argc, char** argv) {
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
 
+  const ModelConfig file_config = load_model_config(dir);
 #ifdef TETRA_HAVE_TOKENIZER
   std::optional<tok::Tokenizer> tokenizer;
-  if (std::filesystem::exists(dir / "tokenizer.json")) tokenizer = tok::Tokenizer::load(dir);
+  if (std::filesystem::exists(dir / "tokenizer.json")) {
+    tokenizer = tok::Tokenizer::load(dir);
+    check_tokenizer_fits(*tokenizer, file_config, dir);
+  }
 #endif
   std::vector<int32_t> prompt_tokens;
   if (!prompt_ids.empty()) {
@@ -97,7 +102,7 @@ int cmd_generate(int argc, char** argv) {
   }
 
   // Requests are checked against the config before the weights are touched.
-  runtime::check_prompt(load_model_config(dir), prompt_tokens, max_new_tokens);
+  runtime::check_prompt(file_config, prompt_tokens, max_new_tokens);
 
   auto backend = ops::make_backend(backend_options(dev));
   Progress progress("loading " + dir.filename().string());

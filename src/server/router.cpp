@@ -123,6 +123,14 @@ std::vector<int32_t> prompt_tokens(const ServingContext& ctx, const GenerationRe
   return ids;
 }
 
+// The defaults fill only what the body leaves out (absent or null).
+void apply_sampling_defaults(const SamplingDefaults& d, const json& body, GenerationRequest& r) {
+  auto unset = [&](const char* key) { return !body.contains(key) || body[key].is_null(); };
+  if (d.temperature && unset("temperature")) r.temperature = *d.temperature;
+  if (d.top_p && unset("top_p")) r.top_p = *d.top_p;
+  if (d.top_k && unset("top_k")) r.top_k = *d.top_k;
+}
+
 RouteResult generate(ServerState& state, const HttpRequest& http, Endpoint endpoint) {
   require_serving(state);
   const std::string ct = lower(http.content_type);
@@ -136,6 +144,7 @@ RouteResult generate(ServerState& state, const HttpRequest& http, Endpoint endpo
   const ServingContext& ctx = state.context;
   SchemaLimits limits{.vocab_size = ctx.vocab_size};
   GenerationRequest request = parse_generation_request(endpoint, body, limits);
+  apply_sampling_defaults(ctx.sampling_defaults, body, request);
   if (!request.ignored_fields.empty()) {
     // Bounded: a body of a million unknown keys must not become a million-key log line.
     std::string names;
