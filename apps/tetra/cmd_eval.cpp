@@ -48,6 +48,7 @@ std::unique_ptr<model::Model> load(const std::filesystem::path& dir, ops::Backen
 int cmd_eval(int argc, char** argv) {
   CLI::App app{"Perplexity of a model over a text; with --ref, KL divergence and top-1 "
                "agreement against a reference model.", "tetra eval"};
+  app.option_defaults()->always_capture_default();
   std::string model_dir, text_file, ref_dir, ids_file;
   int64_t window = 512;
   DeviceFlags dev;

@@ -51,6 +51,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 int cmd_generate(int argc, char** argv) {
   CLI::App app{"Generate tokens from a prompt.", "tetra generate"};
+  app.option_defaults()->always_capture_default();
   std::string model_dir, prompt, prompt_ids;
   DeviceFlags dev;
   int max_new_tokens = 16;

@@ -18,6 +18,7 @@ namespace tetra::cli {
 
 int cmd_inspect(int argc, char** argv) {
   CLI::App app{"Describe a model folder: architecture, sizes, tensors.", "tetra inspect"};
+  app.option_defaults()->always_capture_default();
   std::string model_dir;
   bool json = false;
   app.add_option("--model", model_dir, "model folder (config.json, optional safetensors)")->required();

@@ -26,6 +26,7 @@ namespace tetra::cli {
 int cmd_quantize(int argc, char** argv) {
   CLI::App app{"Quantize a BF16 checkpoint's MLP linears to NVFP4 (ModelOpt format).",
                "tetra quantize"};
+  app.option_defaults()->always_capture_default();
   std::string model_dir, out_dir, scheme = "nvfp4", calib;
   app.add_option("--model", model_dir, "BF16 model folder (config.json + safetensors)")
       ->required();

@@ -106,6 +106,7 @@ void raise_fd_limit() {
 
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"Serve a model over an OpenAI-compatible HTTP API.", "tetra serve"};
+  app.option_defaults()->always_capture_default();
   std::string model_dir, host = "127.0.0.1", kv_memory, served_name, generation_config = "auto";
   DeviceFlags dev;
   int port = 30000, tp = 1, ep = 1, http_threads = 2;

@@ -43,6 +43,7 @@ std::string read_file(const std::string& path) {
 
 int cmd_tokenize(int argc, char** argv) {
   CLI::App app{"Print the token ids of a text, of each line of a JSONL file, or of a chat"};
+  app.option_defaults()->always_capture_default();
   std::string model, text, jsonl, chat;
   bool json = false, add_special = true;
   app.add_option("--model", model, "model folder with tokenizer.json")->required();

@@ -209,6 +209,23 @@ TEST(Cli, InspectPrintsSmallCountsInPlainUnits) {
   EXPECT_NE(line.find(" K total"), std::string::npos) << line;
 }
 
+// Every --help gives each option's default.
+TEST(Cli, HelpShowsDefaults) {
+  auto option_line = [](const std::string& help, const std::string& flag) {
+    const size_t at = help.find(flag);
+    return at == std::string::npos ? std::string() : help.substr(at, help.find('\n', at) - at);
+  };
+  const auto serve = run_cli("serve --help");
+  ASSERT_EQ(serve.exit_code, 0) << serve.err;
+  EXPECT_NE(option_line(serve.out, "--port").find("30000"), std::string::npos) << serve.out;
+  EXPECT_NE(option_line(serve.out, "--generation-config").find("auto"), std::string::npos) << serve.out;
+  EXPECT_NE(serve.out.find("--max-model-len"), std::string::npos) << serve.out;
+  const auto generate = run_cli("generate --help");
+  EXPECT_NE(option_line(generate.out, "--max-new-tokens").find("16"), std::string::npos) << generate.out;
+  const auto eval = run_cli("eval --help");
+  EXPECT_NE(option_line(eval.out, "--window").find("512"), std::string::npos) << eval.out;
+}
+
 class EvalIds : public ::testing::Test {
  protected:
   void SetUp() override {
