@@ -29,6 +29,7 @@ namespace {
 int bench_moe(int argc, char** argv) {
   CLI::App app{"The NVFP4 MoE layer on the GPU against BF16 weights through cuBLAS, per token count.",
                "tetra bench moe"};
+  app.option_defaults()->always_capture_default();
   std::string shapes = "glm5,deepseek-v3,qwen3-30b", tokens = "1,4,16,64,256,1024,4096,16384";
   std::string routing = "uniform,skewed";
   int iters = 30, tile = 0;

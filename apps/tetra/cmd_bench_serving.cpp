@@ -16,6 +16,7 @@ namespace tetra::cli {
 int cmd_bench_serving(int argc, char** argv) {
   CLI::App app{"Benchmark an OpenAI-compatible server with random prompts (SGLang's --dataset-name random).",
                "tetra bench serving"};
+  app.option_defaults()->always_capture_default();
   server::BenchOptions o;
   std::string json_path, rate = "inf";
   app.add_option("--url", o.url, "server base URL (http://host:port) or its /v1/completions URL");

@@ -15,6 +15,7 @@
 #include "device_options.h"
 #include "core/error.h"
 #include "model/model.h"
+#include "formats/model_config.h"
 #include "progress.h"
 #include "runtime/evaluate.h"
 #ifdef TETRA_HAVE_TOKENIZER
@@ -47,6 +48,7 @@ std::unique_ptr<model::Model> load(const std::filesystem::path& dir, ops::Backen
 int cmd_eval(int argc, char** argv) {
   CLI::App app{"Perplexity of a model over a text; with --ref, KL divergence and top-1 "
                "agreement against a reference model.", "tetra eval"};
+  app.option_defaults()->always_capture_default();
   std::string model_dir, text_file, ref_dir, ids_file;
   int64_t window = 512;
   DeviceFlags dev;
@@ -66,6 +68,14 @@ int cmd_eval(int argc, char** argv) {
   }
   TETRA_CHECK(!text_file.empty() || !ids_file.empty(), "give the text with --text (or --ids)");
   const std::filesystem::path dir(model_dir);
+  TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
+  // A window is one forward over consecutive tokens: it cannot pass either model's context.
+  for (const std::string& d : {model_dir, ref_dir}) {
+    if (d.empty()) continue;
+    const int64_t context = load_model_config(d).max_position_embeddings;
+    TETRA_CHECK(window <= context, "--window ", window, " is more than the context of ", context,
+                " tokens of ", d, " (max_position_embeddings in config.json)");
+  }
 
   std::vector<int32_t> tokens;
   if (!ids_file.empty()) {
@@ -92,7 +102,7 @@ int cmd_eval(int argc, char** argv) {
 
   runtime::EvalOptions opt;
   opt.window = window;
-  Progress progress("evaluating");
+  Progress progress("evaluating", "tokens");
   opt.on_progress = [&](int64_t done, int64_t) { progress.update(done, 0); };
   const runtime::EvalResult r = runtime::evaluate(*model, ref.get(), *backend, tokens, opt);
   progress.finish(r.n_scored, 0);

@@ -20,6 +20,7 @@
 #include "runtime/generate.h"
 #ifdef TETRA_HAVE_TOKENIZER
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_check.h"
 #endif
 
 namespace tetra::cli {
@@ -50,6 +51,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 int cmd_generate(int argc, char** argv) {
   CLI::App app{"Generate tokens from a prompt.", "tetra generate"};
+  app.option_defaults()->always_capture_default();
   std::string model_dir, prompt, prompt_ids;
   DeviceFlags dev;
   int max_new_tokens = 16;
@@ -78,9 +80,13 @@ int cmd_generate(int argc, char** argv) {
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
 
+  const ModelConfig file_config = load_model_config(dir);
 #ifdef TETRA_HAVE_TOKENIZER
   std::optional<tok::Tokenizer> tokenizer;
-  if (std::filesystem::exists(dir / "tokenizer.json")) tokenizer = tok::Tokenizer::load(dir);
+  if (std::filesystem::exists(dir / "tokenizer.json")) {
+    tokenizer = tok::Tokenizer::load(dir);
+    check_tokenizer_fits(*tokenizer, file_config, dir);
+  }
 #endif
   std::vector<int32_t> prompt_tokens;
   if (!prompt_ids.empty()) {
@@ -89,7 +95,7 @@ int cmd_generate(int argc, char** argv) {
 #ifdef TETRA_HAVE_TOKENIZER
     TETRA_CHECK(tokenizer.has_value(), "--prompt needs ", (dir / "tokenizer.json").string(),
                 "; use --prompt-ids with a model that has no tokenizer");
-    for (auto id : tokenizer->encode(prompt)) prompt_tokens.push_back(int32_t(id));
+    for (auto id : tokenizer->encode(prompt, {.add_special_tokens = true})) prompt_tokens.push_back(int32_t(id));
     TETRA_CHECK(!prompt_tokens.empty(), "the prompt encodes to no tokens");
 #else
     fail("--prompt needs a build with the tokenizer; use --prompt-ids");
@@ -97,7 +103,7 @@ int cmd_generate(int argc, char** argv) {
   }
 
   // Requests are checked against the config before the weights are touched.
-  runtime::check_prompt(load_model_config(dir), prompt_tokens, max_new_tokens);
+  runtime::check_prompt(file_config, prompt_tokens, max_new_tokens);
 
   auto backend = ops::make_backend(backend_options(dev));
   Progress progress("loading " + dir.filename().string());

@@ -18,6 +18,7 @@ namespace tetra::cli {
 
 int cmd_inspect(int argc, char** argv) {
   CLI::App app{"Describe a model folder: architecture, sizes, tensors.", "tetra inspect"};
+  app.option_defaults()->always_capture_default();
   std::string model_dir;
   bool json = false;
   app.add_option("--model", model_dir, "model folder (config.json, optional safetensors)")->required();
@@ -70,8 +71,8 @@ int cmd_inspect(int argc, char** argv) {
     return 0;
   }
   std::printf("%s\n", describe_architecture(c).c_str());
-  std::printf("parameters: %.3f B total, %.3f B active per token\n", double(sizes.params_total) / 1e9,
-              double(sizes.params_active) / 1e9);
+  std::printf("parameters: %s total, %s active per token\n", format_count(double(sizes.params_total)).c_str(),
+              format_count(double(sizes.params_active)).c_str());
   std::printf("KV cache: %s per token at bf16 (%s)\n", format_bytes(double(sizes.kv_bytes_per_token)).c_str(),
               !c.is_mla() ? "K and V per layer"
               : c.index_topk ? "latent + rope key + DSA indexer key per layer"

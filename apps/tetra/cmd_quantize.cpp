@@ -26,6 +26,7 @@ namespace tetra::cli {
 int cmd_quantize(int argc, char** argv) {
   CLI::App app{"Quantize a BF16 checkpoint's MLP linears to NVFP4 (ModelOpt format).",
                "tetra quantize"};
+  app.option_defaults()->always_capture_default();
   std::string model_dir, out_dir, scheme = "nvfp4", calib;
   app.add_option("--model", model_dir, "BF16 model folder (config.json + safetensors)")
       ->required();
@@ -71,7 +72,7 @@ int cmd_quantize(int argc, char** argv) {
     TETRA_CHECK(!tokens.empty(), "the calibration text ", calib, " encodes to no tokens");
     // The BF16 model runs over the text on the CPU; each MLP linear's largest input becomes
     // its input_scale (W4A4).
-    Progress calib_progress("calibrating on " + std::to_string(tokens.size()) + " tokens");
+    Progress calib_progress("calibrating on " + std::to_string(tokens.size()) + " tokens", "tokens");
     runtime::CalibrateOptions copt;
     copt.on_progress = [&](int64_t done, int64_t) { calib_progress.update(done, 0); };
     opt.input_amax = runtime::calibrate_input_amax(opt.src, tokens, copt);

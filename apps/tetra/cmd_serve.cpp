@@ -4,10 +4,12 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -15,10 +17,13 @@
 #include "device_options.h"
 #include "progress.h"
 #include "core/error.h"
+#include "formats/generation_config.h"
+#include "formats/model_config.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer_check.h"
 
 namespace tetra::cli {
 namespace {
@@ -43,6 +48,51 @@ int64_t parse_bytes(const std::string& text) {
   return int64_t(v * scale);
 }
 
+double gib(int64_t bytes) { return std::round(double(bytes) / double(int64_t(1) << 30) * 100) / 100; }
+
+// /proc/meminfo's MemAvailable (what can be allocated without swapping); 0 when unknown.
+int64_t host_memory_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+// --generation-config: auto (the model folder's generation_config.json), vllm (none), or a
+// folder holding one. Prints which defaults it took.
+server::SamplingDefaults sampling_defaults(const std::string& flag, const std::filesystem::path& model_dir,
+                                           int64_t vocab_size) {
+  server::SamplingDefaults d;
+  if (flag == "vllm") {
+    std::fprintf(stderr, "tetra serve: --generation-config vllm: no sampling defaults from generation_config.json\n");
+    return d;
+  }
+  const std::filesystem::path dir = flag == "auto" ? model_dir : std::filesystem::path(flag);
+  TETRA_CHECK(flag == "auto" || std::filesystem::is_regular_file(dir / "generation_config.json"),
+              "--generation-config must be auto, vllm or a folder holding a generation_config.json; ",
+              (dir / "generation_config.json").string(), " does not exist");
+  const std::optional<GenerationConfig> g = load_generation_config(dir, vocab_size);
+  if (!g) return d;
+  std::string taken;
+  auto note = [&](const char* name, double v) { taken += str_cat(taken.empty() ? "" : ", ", name, " ", v); };
+  if (g->temperature) d.temperature = float(*g->temperature), note("temperature", *g->temperature);
+  if (g->top_p) d.top_p = float(*g->top_p), note("top_p", *g->top_p);
+  if (g->top_k) d.top_k = int(*g->top_k), note("top_k", double(*g->top_k));
+  const std::string source = (dir / "generation_config.json").string();
+  if (!taken.empty())
+    std::fprintf(stderr,
+                 "tetra serve: sampling defaults from %s: %s (a request's own values win; "
+                 "--generation-config vllm ignores them)\n",
+                 source.c_str(), taken.c_str());
+  if (g->repetition_penalty && *g->repetition_penalty != 1.0)
+    std::fprintf(stderr, "tetra serve: %s sets repetition_penalty %g, which tetra does not implement; ignored\n",
+                 source.c_str(), *g->repetition_penalty);
+  return d;
+}
+
 // Thousands of streams need thousands of descriptors: take the hard limit.
 void raise_fd_limit() {
   rlimit r{};
@@ -56,7 +106,8 @@ void raise_fd_limit() {
 
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"Serve a model over an OpenAI-compatible HTTP API.", "tetra serve"};
-  std::string model_dir, host = "127.0.0.1", kv_memory, served_name;
+  app.option_defaults()->always_capture_default();
+  std::string model_dir, host = "127.0.0.1", kv_memory, served_name, generation_config = "auto";
   DeviceFlags dev;
   int port = 30000, tp = 1, ep = 1, http_threads = 2;
   runtime::EngineConfig engine_config;
@@ -89,8 +140,13 @@ int cmd_serve(int argc, char** argv) {
                  "bytes for the KV cache (e.g. 256M, 2G); default 256M on the CPU, on a GPU what "
                  "--mem-fraction-static leaves")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--context-length", context_length, "tokens per sequence (0: the model's maximum)")
+  app.add_option("--context-length,--max-model-len", context_length,
+                 "tokens per sequence, prompt and output (0: the model's maximum, shortened with a "
+                 "warning to what the KV cache holds)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+  app.add_option("--generation-config", generation_config,
+                 "sampling defaults for requests that set none: auto (the model's generation_config.json), "
+                 "vllm (none), or a folder holding a generation_config.json");
   app.add_option("--served-model-name", served_name, "model name in the API (default: the folder name)");
   app.add_option("--tp", tp, "tensor-parallel size")->check(CLI::Range(1, 64));
   app.add_option("--ep", ep, "expert-parallel size")->check(CLI::Range(1, 64));
@@ -112,6 +168,14 @@ int cmd_serve(int argc, char** argv) {
               (dir / "tokenizer.json").string(), " to turn text into tokens");
   if (!kv_memory.empty()) engine_config.kv_memory_bytes = parse_bytes(kv_memory);
   engine_config.max_context = context_length;
+  // Every flag is checked against the model's files before the server listens.
+  const ModelConfig file_config = load_model_config(dir);
+  TETRA_CHECK(context_length <= file_config.max_position_embeddings, "--context-length ", context_length,
+              " is more than the model's context of ", file_config.max_position_embeddings,
+              " tokens (max_position_embeddings in config.json)");
+  tok::Tokenizer tokenizer = tok::Tokenizer::load(dir);
+  check_tokenizer_fits(tokenizer, file_config, dir);
+  const server::SamplingDefaults defaults = sampling_defaults(generation_config, dir, file_config.vocab_size);
   if (const char* v = std::getenv("TETRA_TESTING_FAIL_STEP"); v && *v) {
     // Tests only (RELIABILITY cases 24 and 25): make that engine step fail like a device fault.
     char* end = nullptr;
@@ -127,6 +191,11 @@ int cmd_serve(int argc, char** argv) {
   // The device answers (or the command ends with one sentence) before the server listens.
   auto backend = ops::make_backend(backend_options(dev));
   std::fprintf(stderr, "tetra serve: backend %s\n", backend->name().c_str());
+  if (const int64_t available = host_memory_available_bytes();
+      backend->memory_info().total_bytes == 0 && available > 0)
+    TETRA_CHECK(engine_config.kv_memory_bytes <= available, "--kv-memory asks for ",
+                str_cat(gib(engine_config.kv_memory_bytes)), " GiB for the KV cache, but this machine has ",
+                str_cat(gib(available)), " GiB of memory available");
 
   server::Server srv(server::ServerOptions{.host = host,
                                            .port = port,
@@ -137,7 +206,6 @@ int cmd_serve(int argc, char** argv) {
   std::fprintf(stderr, "tetra serve: listening on http://%s:%d, loading %s\n", host.c_str(), srv.port(),
                dir.string().c_str());
 
-  tok::Tokenizer tokenizer = tok::Tokenizer::load(dir);
   Progress progress("loading " + dir.filename().string());
   model::LoadOptions load_options;
   load_options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
@@ -162,7 +230,8 @@ int cmd_serve(int argc, char** argv) {
                  .tokenizer = &tokenizer,
                  .model_name = served_name,
                  .max_context = max_context,
-                 .vocab_size = mc.vocab_size});
+                 .vocab_size = mc.vocab_size,
+                 .sampling_defaults = defaults});
   const runtime::EngineStats stats = engine.stats();
   std::fprintf(stderr, "tetra serve: ready: %s, context %lld tokens, %lld KV blocks, http://%s:%d/v1\n",
                served_name.c_str(), static_cast<long long>(max_context),

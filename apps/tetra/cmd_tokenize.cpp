@@ -1,6 +1,7 @@
-// tetra tokenize: the ids Hugging Face's tokenizer.encode(text, add_special_tokens=False)
-// gives, for one text, a file of JSON strings (one per line), or a chat rendered with the
-// model's template.
+// tetra tokenize: the ids Hugging Face's tokenizer.encode(text) gives (BOS and the like by
+// the tokenizer's own rule, as `tetra generate --prompt` and /v1/completions encode; none with
+// --no-add-special-tokens), for one text, a file of JSON strings (one per line), or a chat
+// rendered with the model's template (which writes its own BOS).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -42,8 +43,9 @@ std::string read_file(const std::string& path) {
 
 int cmd_tokenize(int argc, char** argv) {
   CLI::App app{"Print the token ids of a text, of each line of a JSONL file, or of a chat"};
+  app.option_defaults()->always_capture_default();
   std::string model, text, jsonl, chat;
-  bool json = false;
+  bool json = false, add_special = true;
   app.add_option("--model", model, "model folder with tokenizer.json")->required();
   auto* text_opt = app.add_option("--text", text, "text to tokenize");
   auto* jsonl_opt = app.add_option("--jsonl", jsonl, "file with one JSON string per line");
@@ -51,6 +53,8 @@ int cmd_tokenize(int argc, char** argv) {
   text_opt->excludes(jsonl_opt)->excludes(chat_opt);
   jsonl_opt->excludes(chat_opt);
   app.add_flag("--json", json, "print JSON objects");
+  app.add_flag("!--no-add-special-tokens", add_special,
+               "--text and --jsonl: no BOS or other tokens the tokenizer adds (HF's add_special_tokens=False)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -63,7 +67,7 @@ int cmd_tokenize(int argc, char** argv) {
 
   tok::Tokenizer tokenizer = tok::Tokenizer::load(model);
   if (*text_opt) {
-    std::puts(ids_line(tokenizer.encode(text), json).c_str());
+    std::puts(ids_line(tokenizer.encode(text, {.add_special_tokens = add_special}), json).c_str());
   } else if (*jsonl_opt) {
     std::ifstream in(jsonl, std::ios::binary);
     TETRA_CHECK(in, "cannot open ", jsonl);
@@ -76,7 +80,7 @@ int cmd_tokenize(int argc, char** argv) {
       std::string value;
       TETRA_CHECK(tok::parse_json_string(line, value), jsonl, " line ", line_no,
                   " is not one JSON string");
-      out = ids_line(tokenizer.encode(value), json);
+      out = ids_line(tokenizer.encode(value, {.add_special_tokens = add_special}), json);
       out += '\n';
       std::fwrite(out.data(), 1, out.size(), stdout);
     }

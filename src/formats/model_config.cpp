@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "formats/generation_config.h"
 #include "formats/json_fields.h"
 
 namespace tetra {
@@ -564,7 +565,14 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
   } catch (const json::parse_error& e) {
     fail(path.string(), " is not valid JSON (at byte ", e.byte, ").");
   }
-  return parse_model_config(j, path.string());
+  ModelConfig c = parse_model_config(j, path.string());
+  // Generation stops at generation_config.json's EOS ids too, as transformers and vLLM stop:
+  // Qwen3 lists <|im_end|> and <|endoftext|> there, config.json only one of them.
+  if (auto g = load_generation_config(dir, c.vocab_size))
+    for (int64_t id : g->eos_token_ids)
+      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+        c.eos_token_ids.push_back(id);
+  return c;
 }
 
 }  // namespace tetra

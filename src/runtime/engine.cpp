@@ -32,18 +32,19 @@ const char* finish_reason_name(FinishReason r) {
 namespace {
 
 void check_config(const EngineConfig& c, const ModelConfig& m) {
-  TETRA_CHECK(c.block_size > 0 && c.block_size <= 1024, "block_size must be in [1, 1024], not ",
+  // Messages name the `tetra serve` flags that set these fields.
+  TETRA_CHECK(c.block_size > 0 && c.block_size <= 1024, "the KV block size must be in [1, 1024], not ",
               c.block_size);
-  TETRA_CHECK(c.max_running_requests >= 1, "max_running_requests must be at least 1");
-  TETRA_CHECK(c.max_queued_requests >= 0, "max_queued_requests cannot be negative");
-  TETRA_CHECK(c.chunked_prefill_size >= 1, "chunked_prefill_size must be at least 1");
-  TETRA_CHECK(c.num_continuous_decode_steps >= 1, "num_continuous_decode_steps must be at least 1");
+  TETRA_CHECK(c.max_running_requests >= 1, "--max-running-requests must be at least 1");
+  TETRA_CHECK(c.max_queued_requests >= 0, "--max-queued-requests cannot be negative");
+  TETRA_CHECK(c.chunked_prefill_size >= 1, "--chunked-prefill-size must be at least 1");
+  TETRA_CHECK(c.num_continuous_decode_steps >= 1, "--num-continuous-decode-steps must be at least 1");
   TETRA_CHECK(c.mem_fraction_static > 0 && c.mem_fraction_static <= 1,
-              "mem_fraction_static must be in (0, 1], not ", c.mem_fraction_static);
+              "--mem-fraction-static must be in (0, 1], not ", c.mem_fraction_static);
   TETRA_CHECK(c.cuda_graph_max_bs >= 1, "--cuda-graph-max-bs must be at least 1, not ", c.cuda_graph_max_bs);
-  TETRA_CHECK(c.max_context >= 0 && c.max_context <= m.max_position_embeddings, "max_context (",
-              c.max_context, ") must be at most the model's context of ",
-              m.max_position_embeddings, " (0 means the model's)");
+  TETRA_CHECK(c.max_context >= 0 && c.max_context <= m.max_position_embeddings, "--context-length ",
+              c.max_context, " is more than the model's context of ", m.max_position_embeddings,
+              " tokens (max_position_embeddings)");
 }
 
 RequestOutput output_of(const Request& r) {
@@ -88,6 +89,7 @@ struct Engine::Impl {
         cache(b, m.kv_layout(), config.block_size, n_blocks),
         blocks(n_blocks, config.block_size, config.enable_prefix_caching),
         scheduler({config.max_running_requests, config.chunked_prefill_size}, blocks) {
+    fit_context_to_kv_cache();
     config.max_context = max_context;
     capture_decode_graphs();
     if (config.testing_constant_block_hash)
@@ -113,6 +115,7 @@ struct Engine::Impl {
   int64_t kv_pool_blocks() const;
   std::vector<int64_t> graph_sizes() const;
   void capture_decode_graphs();
+  void fit_context_to_kv_cache();
 
   // ---- shared with server threads (under mu) ----
   SubmitResult validate(const RequestParams& p) const;
@@ -128,7 +131,7 @@ struct Engine::Impl {
   ops::Backend& backend;
   EngineConfig config;
   const int64_t vocab;
-  const int64_t max_context;
+  int64_t max_context;  // shortened once at start when the KV cache cannot hold the model's
   const StepCapacity capacity;
   ops::Arena arena;
   const ops::Context ctx;
@@ -224,8 +227,12 @@ int64_t Engine::Impl::kv_pool_blocks() const {
     const int64_t used = mem.total_bytes - mem.free_bytes;
     int64_t left = int64_t(config.mem_fraction_static * double(mem.total_bytes)) - used;
     left = std::min(left, mem.free_bytes - (int64_t(256) << 20));  // room for the CUDA runtime
-    budget = config.kv_memory_bytes > 0 ? std::min(config.kv_memory_bytes, left) : left;
     auto gib = [](int64_t b) { return std::round(double(b) / (1 << 30) * 100) / 100; };
+    TETRA_CHECK(config.kv_memory_bytes <= left, "--kv-memory asks for ", gib(config.kv_memory_bytes),
+                " GiB for the KV cache, but --mem-fraction-static ", config.mem_fraction_static, " of ",
+                gib(mem.total_bytes), " GiB with ", gib(used), " GiB in use leaves ",
+                gib(std::max<int64_t>(0, left)), " GiB");
+    budget = config.kv_memory_bytes > 0 ? config.kv_memory_bytes : left;
     source = str_cat("--mem-fraction-static ", config.mem_fraction_static, " of ", gib(mem.total_bytes),
                      " GiB with ", gib(used), " GiB in use (weights, step buffers, other processes) leaves ",
                      gib(std::max<int64_t>(0, left)), " GiB for the KV cache",
@@ -264,6 +271,21 @@ void Engine::Impl::capture_decode_graphs() {
            " kernels a step; --disable-cuda-graph runs every step eagerly");
 }
 
+// vLLM's rule: one sequence of the full context must fit. A context the operator chose
+// (--context-length) that does not is refused; the model's own is shortened, with a warning.
+void Engine::Impl::fit_context_to_kv_cache() {
+  const int64_t kv_tokens = n_blocks * config.block_size;
+  if (kv_tokens >= max_context) return;
+  TETRA_CHECK(config.max_context == 0, "--context-length ", max_context, " needs room for ", max_context,
+              " tokens of KV cache, but it holds ", kv_tokens,
+              "; lower --context-length or give the KV cache more memory (--kv-memory, --mem-fraction-static)");
+  log_warn("the model's context of ", max_context, " tokens does not fit in the KV cache (", kv_tokens,
+           " tokens); serving a context of ", kv_tokens,
+           " tokens (give the KV cache more memory with --kv-memory or --mem-fraction-static, or choose "
+           "one with --context-length)");
+  max_context = kv_tokens;
+}
+
 SubmitResult Engine::Impl::validate(const RequestParams& p) const {
   auto invalid = [](std::string m) { return SubmitResult{0, SubmitError::Invalid, std::move(m)}; };
   if (p.prompt.empty()) return invalid("The prompt has no tokens.");
@@ -284,10 +306,13 @@ SubmitResult Engine::Impl::validate(const RequestParams& p) const {
     return invalid("presence_penalty and frequency_penalty must be finite numbers.");
 
   const int64_t n_prompt = int64_t(p.prompt.size()), context = max_context;
-  if (p.max_new_tokens > context || n_prompt + p.max_new_tokens > context)
+  if (p.max_new_tokens > context)
     return {0, SubmitError::TooLong,
-            str_cat("The prompt (", n_prompt, " tokens) plus max_new_tokens (", p.max_new_tokens,
-                    ") exceeds the context of ", context, " tokens.")};
+            str_cat("max_new_tokens (", p.max_new_tokens, ") alone exceeds the context of ", context, " tokens.")};
+  if (n_prompt + p.max_new_tokens > context)
+    return {0, SubmitError::TooLong,
+            str_cat("The prompt (", n_prompt, " tokens) plus max_new_tokens (", p.max_new_tokens, ") is ",
+                    n_prompt + p.max_new_tokens, " tokens, more than the context of ", context, " tokens.")};
   const int64_t need = blocks.blocks_for(n_prompt + p.max_new_tokens);
   if (need > n_blocks)
     return {0, SubmitError::TooLong,

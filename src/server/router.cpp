@@ -114,15 +114,21 @@ std::vector<int32_t> prompt_tokens(const ServingContext& ctx, const GenerationRe
   if (r.endpoint == Endpoint::ChatCompletions) {
     ids = chat_prompt_tokens(tokenizer, r);
   } else if (r.prompt_text) {
-    const auto& cfg = tokenizer.config();
-    if (cfg.add_bos_token && cfg.bos_token)
-      if (auto bos = tokenizer.token_to_id(*cfg.bos_token)) ids.push_back(int32_t(*bos));
-    // User text never produces control tokens: "<|im_end|>" typed in a prompt is plain text.
-    for (auto id : tokenizer.encode(*r.prompt_text, {.parse_special = false})) ids.push_back(int32_t(id));
+    // A completion prompt is the client's whole prompt, encoded as HF's tokenizer(text) and
+    // vLLM encode it: special-token strings become those tokens, BOS by the tokenizer's rule.
+    for (auto id : tokenizer.encode(*r.prompt_text, {.add_special_tokens = true})) ids.push_back(int32_t(id));
   } else {
     ids = r.prompt_ids;
   }
   return ids;
+}
+
+// The defaults fill only what the body leaves out (absent or null).
+void apply_sampling_defaults(const SamplingDefaults& d, const json& body, GenerationRequest& r) {
+  auto unset = [&](const char* key) { return !body.contains(key) || body[key].is_null(); };
+  if (d.temperature && unset("temperature")) r.temperature = *d.temperature;
+  if (d.top_p && unset("top_p")) r.top_p = *d.top_p;
+  if (d.top_k && unset("top_k")) r.top_k = *d.top_k;
 }
 
 RouteResult generate(ServerState& state, const HttpRequest& http, Endpoint endpoint) {
@@ -138,6 +144,7 @@ RouteResult generate(ServerState& state, const HttpRequest& http, Endpoint endpo
   const ServingContext& ctx = state.context;
   SchemaLimits limits{.vocab_size = ctx.vocab_size};
   GenerationRequest request = parse_generation_request(endpoint, body, limits);
+  apply_sampling_defaults(ctx.sampling_defaults, body, request);
   if (!request.ignored_fields.empty()) {
     // Bounded: a body of a million unknown keys must not become a million-key log line.
     std::string names;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runtime/engine.h"
@@ -25,6 +26,13 @@ struct ServerOptions {
   int max_connections = 16384;         // beyond it new connections are closed at once
 };
 
+// Sampling values for requests that set none: the model's generation_config.json, as vLLM's
+// --generation-config auto takes them. Unset: OpenAI's defaults (temperature 1, top_p 1, all tokens).
+struct SamplingDefaults {
+  std::optional<float> temperature, top_p;
+  std::optional<int> top_k;
+};
+
 // What the server needs once the model is loaded; the pointees outlive the server's use.
 struct ServingContext {
   runtime::Engine* engine = nullptr;
@@ -32,6 +40,7 @@ struct ServingContext {
   std::string model_name;
   int64_t max_context = 0;  // prompt + generated tokens per sequence
   int64_t vocab_size = 0;   // the model's (embedding) vocabulary
+  SamplingDefaults sampling_defaults;
 };
 
 class Server {

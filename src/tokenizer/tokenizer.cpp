@@ -125,6 +125,12 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
     }
     for (size_t id = 0; id < n_ids; ++id)
       if (t.id_flags_[id]) t.id_bytes_[id] = byte_level_decode(t.id_to_token_[id]);
+    t.post_processor_ = parse_post_processor(j.value("post_processor", json()), source);
+    for (const auto* ids : {&t.post_processor_.prefix, &t.post_processor_.suffix})
+      for (TokenId id : *ids)
+        TETRA_CHECK(id >= 0 && size_t(id) < n_ids && t.id_flags_[size_t(id)], source,
+                    ": post_processor adds token id ", id, ", which the vocabulary lacks");
+    t.wrap_ = t.post_processor_;
     return t;
   } catch (const json::exception& e) {
     fail(source, " has an unexpected structure (", e.what(), ")");
@@ -152,7 +158,11 @@ TokenizerConfig parse_tokenizer_config(std::string_view text, const std::string&
   };
   c.bos_token = token("bos_token");
   c.eos_token = token("eos_token");
-  if (j.contains("add_bos_token") && j["add_bos_token"].is_boolean()) c.add_bos_token = j["add_bos_token"].get<bool>();
+  for (auto [key, field] : {std::pair{"add_bos_token", &c.add_bos_token}, std::pair{"add_eos_token", &c.add_eos_token}}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    TETRA_CHECK(j[key].is_boolean(), source, ": '", key, "' must be true or false");
+    *field = j[key].get<bool>();
+  }
   if (j.contains("chat_template")) {
     const json& t = j["chat_template"];
     if (t.is_string()) {
@@ -176,11 +186,31 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
               " has no tokenizer.json");
   Tokenizer t = from_json(read_file(json_path), json_path.string());
   std::filesystem::path config_path = dir / "tokenizer_config.json";
+  TokenizerConfig config;
   if (std::filesystem::is_regular_file(config_path))
-    t.config_ = parse_tokenizer_config(read_file(config_path), config_path.string());
+    config = parse_tokenizer_config(read_file(config_path), config_path.string());
   std::filesystem::path jinja_path = dir / "chat_template.jinja";
-  if (std::filesystem::is_regular_file(jinja_path)) t.config_.chat_template = read_file(jinja_path);
+  if (std::filesystem::is_regular_file(jinja_path)) config.chat_template = read_file(jinja_path);
+  t.set_config(std::move(config));
   return t;
+}
+
+void Tokenizer::set_config(TokenizerConfig config) {
+  config_ = std::move(config);
+  wrap_ = post_processor_;
+  // add_bos_token / add_eos_token, where set, decide BOS and EOS (DeepSeek-V3 ships a
+  // ByteLevel post_processor and add_bos_token: true; HF prepends BOS).
+  auto apply = [&](const std::optional<bool>& add, const std::optional<std::string>& token,
+                   std::vector<TokenId>& ids, bool at_front) {
+    if (!add || !token) return;
+    const std::optional<TokenId> id = token_to_id(*token);
+    if (!id) return;
+    const bool has = !ids.empty() && (at_front ? ids.front() : ids.back()) == *id;
+    if (*add && !has) ids.insert(at_front ? ids.begin() : ids.end(), *id);
+    if (!*add && has) ids.erase(at_front ? ids.begin() : ids.end() - 1);
+  };
+  apply(config_.add_bos_token, config_.bos_token, wrap_.prefix, true);
+  apply(config_.add_eos_token, config_.eos_token, wrap_.suffix, false);
 }
 
 std::vector<TokenId> Tokenizer::encode(std::string_view text, EncodeOptions options) const {
@@ -190,7 +220,8 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, EncodeOptions opti
     text = repaired;
   }
   std::vector<TokenId> out;
-  out.reserve(text.size() / 3 + 1);
+  if (options.add_special_tokens) out = wrap_.prefix;
+  out.reserve(out.size() + text.size() / 3 + 1);
   std::vector<Section> sections;
   if (raw_matcher_.empty())
     sections.push_back({0, text.size(), -1});
@@ -221,6 +252,7 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, EncodeOptions opti
         encode_normalized(plain.substr(n.begin, n.end - n.begin), out);
     }
   }
+  if (options.add_special_tokens) out.insert(out.end(), wrap_.suffix.begin(), wrap_.suffix.end());
   return out;
 }
 

@@ -1,5 +1,5 @@
 // A Hugging Face byte-level BPE tokenizer loaded from tokenizer.json (FORMATS.md §5), giving
-// the ids of `tokenizer.encode(text, add_special_tokens=False)` and the text of
+// the ids of `tokenizer.encode(text, add_special_tokens=...)` and the text of
 // `tokenizer.decode(ids)`. Encoding and decoding are const and thread-safe.
 #pragma once
 
@@ -13,6 +13,7 @@
 
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/post_processor.h"
 #include "tokenizer/pretokenizer.h"
 
 namespace tetra::tok {
@@ -21,6 +22,9 @@ struct EncodeOptions {
   // Match special-token strings typed in the text (HF's default). A server that must not let
   // user text produce control tokens sets this to false.
   bool parse_special = true;
+  // Wrap the ids in the tokenizer's own special tokens (BOS, ...), as HF's
+  // add_special_tokens=True does: a text prompt. A rendered chat template writes its own.
+  bool add_special_tokens = false;
 };
 
 struct DecodeOptions {
@@ -31,7 +35,9 @@ struct DecodeOptions {
 struct TokenizerConfig {
   std::string chat_template;  // empty when the model ships none
   std::optional<std::string> bos_token, eos_token;
-  bool add_bos_token = false;
+  // Set: they decide whether BOS / EOS wrap a sequence, over tokenizer.json's post_processor
+  // (transformers' Llama-style tokenizers rebuild the post-processor from them).
+  std::optional<bool> add_bos_token, add_eos_token;
 };
 
 class Tokenizer {
@@ -61,8 +67,11 @@ class Tokenizer {
   size_t vocab_size() const { return id_to_token_.size(); }
   const std::vector<AddedToken>& added_tokens() const { return added_; }
 
+  // What add_special_tokens puts around a text: post_processor, then tokenizer_config's rule.
+  const SpecialTokenWrap& special_wrap() const { return wrap_; }
+
   const TokenizerConfig& config() const { return config_; }
-  void set_config(TokenizerConfig config) { config_ = std::move(config); }
+  void set_config(TokenizerConfig config);
 
  private:
   Tokenizer();
@@ -79,6 +88,8 @@ class Tokenizer {
   std::vector<uint8_t> id_flags_;         // kKnown | kSpecial
   std::unique_ptr<WordCache> cache_;
   TokenizerConfig config_;
+  SpecialTokenWrap post_processor_;  // from tokenizer.json alone
+  SpecialTokenWrap wrap_;            // post_processor_ with config_'s add_bos/eos_token applied
 };
 
 // Parses a tokenizer_config.json text (chat_template, bos/eos tokens, add_bos_token).

@@ -198,6 +198,61 @@ TEST_F(BrokenModel, AbsurdConfigSizes) {
   }
 }
 
+TEST(Cli, InspectPrintsSmallCountsInPlainUnits) {
+  const auto r = run_cli("inspect --model " + kFixture.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("0.000 B"), std::string::npos) << r.out;
+  const size_t at = r.out.find("parameters: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  // The tiny model has some hundred thousand parameters: "123.45 K total".
+  EXPECT_NE(line.find(" K total"), std::string::npos) << line;
+}
+
+// Every --help gives each option's default.
+TEST(Cli, HelpShowsDefaults) {
+  auto option_line = [](const std::string& help, const std::string& flag) {
+    const size_t at = help.find(flag);
+    return at == std::string::npos ? std::string() : help.substr(at, help.find('\n', at) - at);
+  };
+  const auto serve = run_cli("serve --help");
+  ASSERT_EQ(serve.exit_code, 0) << serve.err;
+  EXPECT_NE(option_line(serve.out, "--port").find("30000"), std::string::npos) << serve.out;
+  EXPECT_NE(option_line(serve.out, "--generation-config").find("auto"), std::string::npos) << serve.out;
+  EXPECT_NE(serve.out.find("--max-model-len"), std::string::npos) << serve.out;
+  const auto generate = run_cli("generate --help");
+  EXPECT_NE(option_line(generate.out, "--max-new-tokens").find("16"), std::string::npos) << generate.out;
+  const auto eval = run_cli("eval --help");
+  EXPECT_NE(option_line(eval.out, "--window").find("512"), std::string::npos) << eval.out;
+}
+
+class EvalIds : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ids_ = fs::temp_directory_path() / ("tetra_cli_ids_" + std::to_string(::getpid()) + ".json");
+    std::ofstream(ids_) << "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]";
+  }
+  void TearDown() override { fs::remove(ids_); }
+  RunResult eval(const std::string& flags) {
+    return run_cli("eval --model " + kFixture.string() + " --ids " + ids_.string() + " --threads 1 " + flags);
+  }
+  fs::path ids_;
+};
+
+TEST_F(EvalIds, WindowIsCheckedAgainstTheContext) {
+  expect_clear_error(eval("--window 5000"), "--window 5000 is more than the context of 4096 tokens");
+}
+
+TEST_F(EvalIds, ProgressCountsTokens) {
+  const auto r = eval("--window 6");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t at = r.err.find("evaluating: ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string line = r.err.substr(at, r.err.find('\n', at) - at);
+  EXPECT_NE(line.find(" tokens"), std::string::npos) << line;
+  EXPECT_EQ(line.find("tensors"), std::string::npos) << line;
+}
+
 // A checkpoint with its multi-token-prediction layer (model.layers.{num_hidden_layers}.*) loads,
 // generates as without it, and inspect counts the MTP tensors.
 TEST(Cli, MtpLayerIsLoadedAndSkipped) {

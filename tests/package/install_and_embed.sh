@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# install_and_embed.sh BUILD_DIR SOURCE_DIR TETRA_BIN: installs libtetra from BUILD_DIR into a
-# temporary prefix, builds examples/embed against it, and compares its greedy text with the
-# CLI's on the tiny fixture model.
+# install_and_embed.sh BUILD_DIR SOURCE_DIR TETRA_BIN: installs libtetra and the tetra binary
+# from BUILD_DIR into a temporary prefix, builds examples/embed against it, and compares its
+# greedy text with the CLI's on the tiny fixture model.
 set -euo pipefail
 build=$1 src=$2 tetra=$3
 model="$src/tests/fixtures/qwen3_moe-tiny"
@@ -11,6 +11,9 @@ trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >"$work/install.log"
 test -f "$work/prefix/include/tetra/runtime/generate.h" || { echo "headers were not installed"; exit 1; }
 test ! -e "$work/prefix/include/tetra/ops/cuda" || { echo "the CUDA headers must stay out of the package"; exit 1; }
+test -x "$work/prefix/bin/tetra" || { echo "the tetra binary was not installed"; exit 1; }
+"$work/prefix/bin/tetra" inspect --model "$src/tests/fixtures/qwen3_moe-tiny" >/dev/null ||
+  { echo "the installed tetra binary does not run"; exit 1; }
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S "$src/examples/embed" -B "$work/build" "${generator[@]}" -DCMAKE_PREFIX_PATH="$work/prefix" \

@@ -45,12 +45,33 @@ TEST(EngineSubmit, RefusesInvalidRequests) {
   EXPECT_EQ(engine.stats().waiting, 0);
 }
 
+TEST(EngineStart, ContextLongerThanTheKvCache) {
+  testing::TinyModel m;
+  EngineConfig c = testing::small_config();
+  c.block_size = 4;
+  c.kv_blocks = 8;  // 32 tokens of KV in all
+  // A context the operator chose that one sequence cannot fill: refused, naming both numbers
+  // and the flag.
+  c.max_context = 100;
+  try {
+    Engine refused(*m.model, *m.backend, c);
+    ADD_FAILURE() << "started with a context of 100 tokens over 32 tokens of KV cache";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* part : {"--context-length 100", "32", "--kv-memory"})
+      EXPECT_NE(what.find(part), std::string::npos) << what;
+  }
+  // The model's own context (4096) is shortened to what the cache holds.
+  c.max_context = 0;
+  Engine engine(*m.model, *m.backend, c);
+  EXPECT_EQ(engine.config().max_context, 32);
+}
+
 TEST(EngineSubmit, RefusesRequestsThatCanNeverFit) {
   testing::TinyModel m;
   EngineConfig c = testing::small_config();
   c.block_size = 4;
-  c.kv_blocks = 8;      // 32 tokens of KV in all
-  c.max_context = 100;
+  c.kv_blocks = 8;      // 32 tokens of KV in all, so a context of 32
   Engine engine(*m.model, *m.backend, c);
   auto r = engine.submit(testing::greedy(std::vector<int32_t>(20, 1), 13), {});
   EXPECT_EQ(r.error, SubmitError::TooLong);

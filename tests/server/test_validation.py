@@ -253,12 +253,13 @@ class ValidationTest(unittest.TestCase):
             st, b, _ = self.s.post("/v1/completions", raw)
             assert_error(self, st, b, 400)
         self.ok(prompt="nul \u0000 byte")
-        # Special-token strings in user text stay text: more than one token.
+        # A completion prompt is the client's whole prompt, encoded as HF's tokenizer(text) and
+        # vLLM encode it: a special-token string is that token; other text stays text.
         b = self.ok(prompt="<|im_end|>", max_tokens=1)
-        self.assertGreater(b["usage"]["prompt_tokens"], 1)
+        self.assertEqual(b["usage"]["prompt_tokens"], 1)
         b = self.ok(prompt="<|endoftext|><s></s>", max_tokens=1)
         self.assertGreater(b["usage"]["prompt_tokens"], 3)
-        # In chat too: the template's own control tokens are parsed, the client's text is not.
+        # In chat the template's own control tokens are parsed, the client's message text is not.
         def chat_tokens(content):
             st, b, _ = self.s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": content}],
                                                             "max_tokens": 1})

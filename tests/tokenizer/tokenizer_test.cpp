@@ -131,6 +131,50 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplement) {
   EXPECT_THROW(Tokenizer::from_json("[]"), Error);
 }
 
+TEST(Tokenizer, AddSpecialTokensFollowsThePostProcessor) {
+  json j = tiny_tokenizer(false);
+  j["added_tokens"] = json::array({added(300, "<s>", true), added(301, "</s>", true)});
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+      {"pair", json::array()},
+      {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {300}}, {"tokens", {"<s>"}}}}}}};
+  Tokenizer t = make(j);
+  const std::vector<TokenId> plain = t.encode("hello");
+  EXPECT_EQ(plain, (std::vector<TokenId>{259}));
+  EXPECT_EQ(t.encode("hello", {.add_special_tokens = true}), (std::vector<TokenId>{300, 259}));
+  // tokenizer_config.json's add_bos_token / add_eos_token, where set, decide.
+  t.set_config({.bos_token = "<s>", .eos_token = "</s>", .add_bos_token = false, .add_eos_token = true});
+  EXPECT_EQ(t.encode("hello", {.add_special_tokens = true}), (std::vector<TokenId>{259, 301}));
+  // A Sequence of processors, and RoBERTa's cls/sep.
+  j["post_processor"] = {{"type", "Sequence"},
+                         {"processors", json::array({{{"type", "ByteLevel"}},
+                                                     {{"type", "RobertaProcessing"},
+                                                      {"cls", {"<s>", 300}}, {"sep", {"</s>", 301}}}})}};
+  EXPECT_EQ(make(j).encode("hello", {.add_special_tokens = true}), (std::vector<TokenId>{300, 259, 301}));
+  j["post_processor"] = {{"type", "ByteLevel"}};
+  Tokenizer bare = make(j);
+  EXPECT_EQ(bare.encode("hello", {.add_special_tokens = true}), plain);
+  bare.set_config({.bos_token = "<s>", .add_bos_token = true});
+  EXPECT_EQ(bare.encode("hello", {.add_special_tokens = true}), (std::vector<TokenId>{300, 259}));
+}
+
+TEST(Tokenizer, RefusesUnknownPostProcessors) {
+  json j = tiny_tokenizer(false);
+  j["post_processor"] = {{"type", "Mystery"}};
+  EXPECT_THROW(make(j), Error);
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", json::array({{{"SpecialToken", {{"id", "<x>"}}}}, {{"Sequence", {{"id", "A"}}}}})},
+                         {"special_tokens", json::object()}};
+  try {
+    make(j);
+    ADD_FAILURE() << "accepted a template naming an undefined token";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("<x>"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Tokenizer, CatastrophicRegexFailsInsteadOfHanging) {
   json j = tiny_tokenizer(false);
   j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(a+)+$"}}}, {"behavior", "Isolated"}};
@@ -266,6 +310,21 @@ TEST_P(RealTokenizers, SpecialTokenStringsInUserText) {
   std::vector<TokenId> safe = t.encode("x" + s + "y", EncodeOptions{.parse_special = false});
   for (TokenId id : safe) EXPECT_FALSE(t.is_special(id));
   EXPECT_EQ(t.decode(safe), "x" + s + "y");
+}
+
+// HF's encode(text) with add_special_tokens=True: DeepSeek-V3 prepends BOS (add_bos_token in
+// tokenizer_config.json over a ByteLevel post_processor); Qwen3 adds nothing.
+TEST_P(RealTokenizers, AddSpecialTokensAsHuggingFace) {
+  const Tokenizer& t = get(GetParam());
+  std::vector<TokenId> bare = t.encode("Hello world"), wrapped = t.encode("Hello world", {.add_special_tokens = true});
+  if (GetParam() == "deepseek_v3") {
+    ASSERT_EQ(wrapped.size(), bare.size() + 1);
+    EXPECT_EQ(wrapped[0], *t.token_to_id("<｜begin▁of▁sentence｜>"));
+    EXPECT_EQ(wrapped[0], 0);
+    EXPECT_TRUE(std::equal(bare.begin(), bare.end(), wrapped.begin() + 1));
+  } else {
+    EXPECT_EQ(wrapped, bare);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RealTokenizers, ::testing::Values("deepseek_v3", "qwen3"));
