@@ -690,7 +690,7 @@ static_assert(DecodeTile<64>::kRows == kDecodeRows && DecodeTile<256>::kRows == 
               "decode blocks share one warp's rows");
 constexpr int kDecodeBlocksPerSm = 4;  // split until the grid has this many blocks per SM
 constexpr int kPrefillBlocksPerSm = 2;
-constexpr int kDecodeSplitKeys = 512;  // shorter splits spend more on setup and combine
+constexpr int kDecodeMinSplitKeys = 512;  // shorter splits spend more on setup and combine
 constexpr int kPrefillMinSplitKeys = 512;
 
 struct TileGeometry {
@@ -756,18 +756,22 @@ PagedAttentionPlan make_plan(const PagedAttentionParams& p, int sm_count) {
   const int64_t work = int64_t(p.n_seqs) * p.n_kv_heads * plan.n_row_tiles;
   const int64_t target_blocks = int64_t(decode ? kDecodeBlocksPerSm : kPrefillBlocksPerSm) * sm_count;
   const int64_t splits_wanted = work >= target_blocks ? 1 : ceil_div(target_blocks, work);
-  int64_t keys = 0;
   if (decode) {
-    // Fixed-size splits: a sequence's split boundaries (and so its f32 sums) depend neither on
-    // the longest sequence beside it nor on max_seq_len, so a CUDA graph planned for the whole
-    // context gives the tokens eager decode gives. Splits past a sequence's keys are empty.
-    keys = splits_wanted == 1 ? int64_t(p.max_blocks_per_seq) * p.block_size : kDecodeSplitKeys;
+    // Planned from the step's capacity (max_blocks_per_seq x block_size), not its longest
+    // sequence: a sequence's split boundaries, and so its f32 sums, are the same in every step
+    // of one batch size, so one CUDA graph serves every length and gives eager decode's tokens.
+    // Splits past a sequence's keys are blocks that exit at once.
+    const int64_t cap = int64_t(p.max_blocks_per_seq) * p.block_size;
+    const int64_t keys =
+        std::max<int64_t>(ceil_div(ceil_div(cap, splits_wanted), tile.keys) * tile.keys, kDecodeMinSplitKeys);
+    plan.keys_per_split = int(std::min<int64_t>(keys, INT_MAX));
+    plan.n_splits = int(ceil_div(cap, keys));
   } else {
-    keys = std::max<int64_t>(ceil_div(ceil_div(p.max_seq_len, splits_wanted), tile.keys) * tile.keys,
-                             kPrefillMinSplitKeys);
+    const int64_t keys = std::max<int64_t>(
+        ceil_div(ceil_div(p.max_seq_len, splits_wanted), tile.keys) * tile.keys, kPrefillMinSplitKeys);
+    plan.keys_per_split = int(keys);
+    plan.n_splits = int(ceil_div(p.max_seq_len, keys));
   }
-  plan.keys_per_split = int(std::min<int64_t>(keys, INT_MAX));
-  plan.n_splits = int(ceil_div(p.max_seq_len, keys));
   TETRA_CHECK(int64_t(plan.n_row_tiles) * plan.n_splits <= INT_MAX, "paged_attention: ", plan.n_row_tiles,
               " row tiles x ", plan.n_splits, " splits is too many blocks");
   return plan;

@@ -23,7 +23,8 @@ struct PagedAttentionParams {
   const int32_t* block_tables;  // [n_seqs, max_blocks_per_seq]: KV block ids of each sequence
   int n_tokens, n_seqs, n_heads, n_kv_heads, d_k, d_v, block_size, max_blocks_per_seq;
   int max_query_len;            // host: the most tokens any one sequence has in this batch
-  int max_seq_len;              // host: the largest seq_lens entry
+  int max_seq_len;              // host: the largest seq_lens entry (prefill plans its splits by it;
+                                // decode by max_blocks_per_seq, the same for every step)
   float scale;                  // softmax scale (1/sqrt(d_k) usually)
 };
 
