@@ -455,8 +455,14 @@ __device__ __forceinline__ void key_range(const KernelArgs& a, RowTile& w, LaneR
 #pragma unroll
   for (int i = 0; i < T::kWarpCount; ++i) max_position = max(max_position, warp_max_position[i]);
   const int kv_end = min(max_position + 1, a.key_cap);
-  w.key_begin = w.split * a.keys_per_split;
-  w.key_end = w.split == a.n_splits - 1 ? kv_end : min(kv_end, w.key_begin + a.keys_per_split);
+  // Decode splits this sequence's own keys evenly over the splits, in whole tiles: however
+  // long the sequence, every split has work until each holds a single tile. (The split count
+  // comes from the step's capacity, so a graph planned once serves every length.)
+  const int per_split = T::kWarpsSplitKeys
+                            ? max(T::kKeys, (kv_end + a.n_splits * T::kKeys - 1) / (a.n_splits * T::kKeys) * T::kKeys)
+                            : a.keys_per_split;
+  w.key_begin = w.split * per_split;
+  w.key_end = w.split == a.n_splits - 1 ? kv_end : min(kv_end, w.key_begin + per_split);
 #pragma unroll
   for (int r = 0; r < 2; ++r) rows.key_limit[r] = rows.valid[r] ? min(rows.position[r], w.key_end - 1) : -1;
 }
@@ -690,7 +696,6 @@ static_assert(DecodeTile<64>::kRows == kDecodeRows && DecodeTile<256>::kRows == 
               "decode blocks share one warp's rows");
 constexpr int kDecodeBlocksPerSm = 4;  // split until the grid has this many blocks per SM
 constexpr int kPrefillBlocksPerSm = 2;
-constexpr int kDecodeMinSplitKeys = 512;  // shorter splits spend more on setup and combine
 constexpr int kPrefillMinSplitKeys = 512;
 
 struct TileGeometry {
@@ -757,15 +762,13 @@ PagedAttentionPlan make_plan(const PagedAttentionParams& p, int sm_count) {
   const int64_t target_blocks = int64_t(decode ? kDecodeBlocksPerSm : kPrefillBlocksPerSm) * sm_count;
   const int64_t splits_wanted = work >= target_blocks ? 1 : ceil_div(target_blocks, work);
   if (decode) {
-    // Planned from the step's capacity (max_blocks_per_seq x block_size), not its longest
-    // sequence: a sequence's split boundaries, and so its f32 sums, are the same in every step
-    // of one batch size, so one CUDA graph serves every length and gives eager decode's tokens.
-    // Splits past a sequence's keys are blocks that exit at once.
+    // The split count comes from the batch's shape and the step's capacity (max_blocks_per_seq
+    // x block_size), not its longest sequence, and each sequence divides its own keys among
+    // them (key_range): a sequence's split boundaries, and so its f32 sums, depend on itself
+    // alone, so one CUDA graph serves every length and gives eager decode's tokens.
     const int64_t cap = int64_t(p.max_blocks_per_seq) * p.block_size;
-    const int64_t keys =
-        std::max<int64_t>(ceil_div(ceil_div(cap, splits_wanted), tile.keys) * tile.keys, kDecodeMinSplitKeys);
-    plan.keys_per_split = int(std::min<int64_t>(keys, INT_MAX));
-    plan.n_splits = int(ceil_div(cap, keys));
+    plan.n_splits = int(std::min(splits_wanted, ceil_div(cap, tile.keys)));
+    plan.keys_per_split = int(std::min<int64_t>(ceil_div(ceil_div(cap, plan.n_splits), tile.keys) * tile.keys, INT_MAX));
   } else {
     const int64_t keys = std::max<int64_t>(
         ceil_div(ceil_div(p.max_seq_len, splits_wanted), tile.keys) * tile.keys, kPrefillMinSplitKeys);

@@ -51,7 +51,8 @@ struct PagedAttentionPlan {
   int head_dim_tile = 0;   // mma paths: d_k and d_v zero-padded to this (64, 128 or 256)
   int n_row_tiles = 0;     // mma paths: blocks per (sequence, KV head) along the query rows
   int n_splits = 1;        // key ranges computed apart and combined by a second kernel
-  int keys_per_split = 0;  // every split but the last covers this many keys
+  int keys_per_split = 0;  // prefill: every split but the last covers this many keys; decode: the
+                           // most a split covers (each sequence divides its own keys evenly)
 };
 
 PagedAttentionPlan paged_attention_plan(const PagedAttentionParams& p, int sm_count);
