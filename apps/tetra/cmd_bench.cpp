@@ -81,6 +81,7 @@ int bench_moe(int argc, char** argv) {
 
 }  // namespace
 
+int cmd_bench_decode(int argc, char** argv);  // cmd_bench_decode.cpp
 #ifdef TETRA_HAVE_SERVER
 int cmd_bench_serving(int argc, char** argv);  // cmd_bench_serving.cpp
 #endif
@@ -95,6 +96,7 @@ struct Sub {
 
 const Sub kSubs[] = {
     {"moe", "the MoE layer on the GPU: NVFP4 against BF16 cuBLAS", bench_moe},
+    {"decode", "decode steps of the engine in-process: time, byte floor, breakdown by op class", cmd_bench_decode},
 #ifdef TETRA_HAVE_SERVER
     {"serving", "an OpenAI-compatible server under random load (SGLang's bench_serving)", cmd_bench_serving},
 #endif

@@ -29,7 +29,7 @@ using tetra::cli::Command;
 const Command kCommands[] = {
     {"inspect", "describe a model folder: architecture, sizes, tensors", tetra::cli::cmd_inspect},
     {"generate", "generate tokens from a prompt", tetra::cli::cmd_generate},
-    {"bench", "benchmarks: tetra bench moe (kernels on the GPU)", tetra::cli::cmd_bench},
+    {"bench", "benchmarks: tetra bench moe | decode | serving", tetra::cli::cmd_bench},
     {"eval", "perplexity, KL divergence and top-1 agreement against a reference model",
      tetra::cli::cmd_eval},
     {"quantize", "quantize a BF16 checkpoint to NVFP4 (ModelOpt format)", tetra::cli::cmd_quantize},

@@ -32,6 +32,7 @@ struct StepInputs {
 struct LoadStats {
   int64_t tensors = 0;
   int64_t bytes = 0;
+  int64_t routed_expert_bytes = 0;  // of them, every MoE layer's routed experts (not shared ones)
 };
 
 struct LoadOptions {

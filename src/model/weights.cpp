@@ -174,13 +174,16 @@ std::unique_ptr<ops::MoeExperts> WeightLoader::experts(const std::string& prefix
     auto ex = backend_.random_experts(spec, seed_of(prefix));
     stats_.tensors += (n_experts + (fused_shared ? 1 : 0)) * 3;
     stats_.bytes += (n_experts + (fused_shared ? 1 : 0)) * expert_bytes(format, hidden, inter);
+    stats_.routed_expert_bytes += n_experts * expert_bytes(format, hidden, inter);
     if (options_.on_progress) options_.on_progress(stats_);
     return ex;
   }
   std::vector<ops::MlpWeights> host;
   host.reserve(size_t(n_experts));
+  const int64_t before = stats_.bytes;
   for (int64_t e = 0; e < n_experts; ++e)
     host.push_back(host_mlp(prefix + std::to_string(e) + ".", gate, up, down, hidden, inter));
+  stats_.routed_expert_bytes += stats_.bytes - before;
   std::optional<ops::MlpWeights> shared;
   if (shared_prefix) shared = host_mlp(*shared_prefix, gate, up, down, hidden, shared_inter);
   return backend_.prepare_experts(host, shared ? &*shared : nullptr);

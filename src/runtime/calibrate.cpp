@@ -9,6 +9,7 @@
 
 #include "formats/safetensors.h"
 #include "model/model.h"
+#include "ops/forwarding_backend.h"
 #include "ops/ops.h"
 #include "runtime/kv_cache.h"
 #include "runtime/step_runner.h"
@@ -59,35 +60,19 @@ class CalibExperts : public MoeExperts {
 
 // Forwards every call to the inner backend and records, per weight (keyed by the address of
 // its data), the largest |input| any linear or expert MLP received.
-class CalibratingBackend : public Backend {
+class CalibratingBackend : public ops::ForwardingBackend {
  public:
-  explicit CalibratingBackend(std::unique_ptr<Backend> inner) : in_(std::move(inner)) {}
+  explicit CalibratingBackend(std::unique_ptr<Backend> inner)
+      : ForwardingBackend(*inner), owned_(std::move(inner)) {}
   const std::map<const void*, float>& amax() const { return amax_; }
 
-  Device device() const override { return in_->device(); }
-  std::string name() const override { return in_->name() + " (calibrating)"; }
-  Context& context() override { return in_->context(); }
-  DType activation_dtype() const override { return in_->activation_dtype(); }
-  DType kv_dtype() const override { return in_->kv_dtype(); }
-  std::unique_ptr<ops::Buffer> alloc(DType dtype, Shape shape) override {
-    return in_->alloc(dtype, shape);
-  }
-  std::unique_ptr<ops::Buffer> alloc_host(int64_t bytes) override { return in_->alloc_host(bytes); }
-  void copy_from_host(TensorView dst, const void* src) override { in_->copy_from_host(dst, src); }
-  void copy_from_host_async(const Context& c, TensorView dst, const void* src) override {
-    in_->copy_from_host_async(c, dst, src);
-  }
-  void copy_to_host(void* dst, TensorView src) override { in_->copy_to_host(dst, src); }
-  void fill_zero(TensorView dst) override { in_->fill_zero(dst); }
-  ops::MemoryInfo memory_info() const override { return in_->memory_info(); }
-  LinearWeight upload(const LinearWeight& host) override { return in_->upload(host); }
-  TensorView upload(TensorView host) override { return in_->upload(host); }
+  std::string name() const override { return owned_->name() + " (calibrating)"; }
   std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts,
                                               const MlpWeights* shared) override {
     // The shared expert sees every token, as ModelOpt calibrates it: one more expert here.
     std::vector<MlpWeights> all = experts;
     if (shared) all.push_back(*shared);
-    return std::make_unique<CalibExperts>(in_->prepare_experts(experts, shared), std::move(all));
+    return std::make_unique<CalibExperts>(inner().prepare_experts(experts, shared), std::move(all));
   }
   std::unique_ptr<ops::Buffer> random_tensor(DType, Shape, const ops::RandomFill&, uint64_t) override {
     fail("calibration reads a checkpoint; it cannot run on dummy weights");
@@ -95,94 +80,28 @@ class CalibratingBackend : public Backend {
   std::unique_ptr<MoeExperts> random_experts(const ops::ExpertsSpec&, uint64_t) override {
     fail("calibration reads a checkpoint; it cannot run on dummy weights");
   }
-  void warm_up(const Context& c, const std::vector<const MoeExperts*>& experts, int top_k,
-               int64_t max_tokens) override {
-    in_->warm_up(c, experts, top_k, max_tokens);
-  }
-  void synchronize() override { in_->synchronize(); }
-
-  void embedding(const Context& c, TensorView table, TensorView ids, TensorView out) override {
-    in_->embedding(c, table, ids, out);
-  }
-  void rms_norm(const Context& c, TensorView x, TensorView w, float eps, TensorView out) override {
-    in_->rms_norm(c, x, w, eps, out);
-  }
-  void layer_norm(const Context& c, TensorView x, TensorView w, TensorView b, float eps,
-                  TensorView out) override {
-    in_->layer_norm(c, x, w, b, eps, out);
-  }
   void linear(const Context& c, TensorView x, const LinearWeight& w, TensorView out) override {
-    record(w, activation_amax(*in_, x));
-    in_->linear(c, x, w, out);
-  }
-  void rope(const Context& c, TensorView x, TensorView pos, const ops::RopeSpec& r) override {
-    in_->rope(c, x, pos, r);
-  }
-  void kv_write(const Context& c, TensorView k, TensorView v, const ops::AttentionBatch& b,
-                const ops::KvCacheLayer& cache) override {
-    in_->kv_write(c, k, v, b, cache);
-  }
-  void cache_write(const Context& c, TensorView rows, const ops::AttentionBatch& b,
-                   TensorView cache) override {
-    in_->cache_write(c, rows, b, cache);
-  }
-  void attention(const Context& c, TensorView q, const ops::KvCacheLayer& cache,
-                 const ops::AttentionBatch& b, float scale, TensorView out) override {
-    in_->attention(c, q, cache, b, scale, out);
-  }
-  void mla_attention(const Context& c, TensorView ql, TensorView qr, const ops::KvCacheLayer& cache,
-                     const ops::AttentionBatch& b, float scale, TensorView selected,
-                     TensorView out) override {
-    in_->mla_attention(c, ql, qr, cache, b, scale, selected, out);
-  }
-  void dsa_select(const Context& c, TensorView q, TensorView w, const ops::KvCacheLayer& cache,
-                  const ops::AttentionBatch& b, float q_scale, float w_scale,
-                  TensorView selected) override {
-    in_->dsa_select(c, q, w, cache, b, q_scale, w_scale, selected);
-  }
-  void head_linear(const Context& c, TensorView x, const LinearWeight& w, int64_t head_stride,
-                   int64_t row0, int64_t n_rows, bool transposed, TensorView out) override {
-    in_->head_linear(c, x, w, head_stride, row0, n_rows, transposed, out);
-  }
-  void copy_columns(const Context& c, TensorView src, int64_t s0, TensorView dst, int64_t d0,
-                    int64_t n) override {
-    in_->copy_columns(c, src, s0, dst, d0, n);
-  }
-  void silu_mul(const Context& c, TensorView g, TensorView u, TensorView out) override {
-    in_->silu_mul(c, g, u, out);
-  }
-  void add(const Context& c, TensorView a, TensorView b, TensorView out) override {
-    in_->add(c, a, b, out);
-  }
-  void route(const Context& c, TensorView logits, const ops::RoutingSpec& spec, TensorView ids,
-             TensorView weights) override {
-    in_->route(c, logits, spec, ids, weights);
+    record(w, activation_amax(inner(), x));
+    inner().linear(c, x, w, out);
   }
   void moe_experts(const Context& c, TensorView x, TensorView ids, TensorView weights,
                    const MoeExperts& experts, TensorView out) override {
     const auto& ce = static_cast<const CalibExperts&>(experts);
     // ModelOpt's calibration sends every token to every expert: gate and up all see x, and
     // each expert's down_proj sees silu(x Wg^T) * (x Wu^T) for every token.
-    const float x_amax = activation_amax(*in_, x);
+    const float x_amax = activation_amax(inner(), x);
     const int64_t n_tokens = x.dim(0);
     for (const MlpWeights& e : ce.weights()) {
       record(e.gate, x_amax);
       record(e.up, x_amax);
-      const TensorView g = c.arena->alloc(in_->activation_dtype(), {n_tokens, e.gate.n_out});
-      const TensorView u = c.arena->alloc(in_->activation_dtype(), {n_tokens, e.up.n_out});
-      in_->linear(c, x, e.gate, g);
-      in_->linear(c, x, e.up, u);
-      in_->silu_mul(c, g, u, g);
-      record(e.down, activation_amax(*in_, g));
+      const TensorView g = c.arena->alloc(inner().activation_dtype(), {n_tokens, e.gate.n_out});
+      const TensorView u = c.arena->alloc(inner().activation_dtype(), {n_tokens, e.up.n_out});
+      inner().linear(c, x, e.gate, g);
+      inner().linear(c, x, e.up, u);
+      inner().silu_mul(c, g, u, g);
+      record(e.down, activation_amax(inner(), g));
     }
-    in_->moe_experts(c, x, ids, weights, ce.inner(), out);
-  }
-  void gather_rows(const Context& c, TensorView x, TensorView rows, TensorView out) override {
-    in_->gather_rows(c, x, rows, out);
-  }
-  void sample(const Context& c, TensorView logits, TensorView rows, TensorView ids,
-              TensorView counts, TensorView out) override {
-    in_->sample(c, logits, rows, ids, counts, out);
+    inner().moe_experts(c, x, ids, weights, ce.inner(), out);
   }
 
  private:
@@ -191,7 +110,7 @@ class CalibratingBackend : public Backend {
     slot = std::max(slot, a);
   }
 
-  std::unique_ptr<Backend> in_;
+  std::unique_ptr<Backend> owned_;
   std::map<const void*, float> amax_;
 };
 

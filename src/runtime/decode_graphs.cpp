@@ -16,9 +16,9 @@ std::vector<int64_t> decode_graph_sizes(int64_t max_bs) {
 
 DecodeGraphs::DecodeGraphs(model::Model& model, ops::Backend& backend, ops::Arena& arena, const ops::Context& ctx,
                            StepBuilder& builder, const std::vector<ops::KvCacheLayer>& cache, TensorView logits,
-                           std::vector<int64_t> sizes, int64_t max_context, bool eager)
+                           std::vector<int64_t> sizes, bool eager)
     : model_(model), backend_(backend), arena_(arena), ctx_(ctx), builder_(builder), cache_(cache),
-      logits_(logits), sizes_(std::move(sizes)), max_context_(max_context), eager_(eager) {
+      logits_(logits), sizes_(std::move(sizes)), eager_(eager) {
   TETRA_CHECK(!sizes_.empty() && std::is_sorted(sizes_.begin(), sizes_.end()) && sizes_.front() >= 1 &&
                   sizes_.back() <= builder.capacity().max_seqs && sizes_.back() <= logits.dim(0),
               "decode graph sizes must ascend from 1 to at most the step's ", builder.capacity().max_seqs,
@@ -28,7 +28,7 @@ DecodeGraphs::DecodeGraphs(model::Model& model, ops::Backend& backend, ops::Aren
   const int64_t free_before = backend.memory_info().free_bytes;
   for (int64_t b : sizes_) {
     // Padding rows only: they read block 0 and write nothing, so the live cache is untouched.
-    const model::StepInputs in = build({}, b);
+    const model::StepInputs in = builder_.build(ctx_, {}, b);
     arena_.reset();
     auto graph = backend_.capture(ctx_, [&] { model_.forward(ctx_, in, cache_, logits_.rows(0, b)); });
     if (!graph) {  // the backend has no graphs
@@ -48,18 +48,12 @@ int64_t DecodeGraphs::size_for(int64_t n) const {
   return *it;
 }
 
-model::StepInputs DecodeGraphs::build(const std::vector<SeqChunk>& chunks, int64_t size) {
-  model::StepInputs in = builder_.build(ctx_, chunks, size);
-  in.attn.max_seq_len = int(max_context_);  // the plan every length shares
-  return in;
-}
-
 void DecodeGraphs::run(const std::vector<SeqChunk>& chunks) {
   const int64_t n = int64_t(chunks.size()), b = size_for(n);
   for (const SeqChunk& c : chunks)
     TETRA_CHECK(c.tokens.size() == 1 && c.want_logits && !c.every_logit,
                 "a graph decode step takes one token per sequence, each wanting its logits");
-  const model::StepInputs in = build(chunks, b);
+  const model::StepInputs in = builder_.build(ctx_, chunks, b);
   arena_.reset();
   if (eager_) {
     model_.forward(ctx_, in, cache_, logits_.rows(0, b));

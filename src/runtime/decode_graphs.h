@@ -7,8 +7,9 @@
 // A graph replays the kernels and arguments it was captured with, so everything it reads
 // sits at fixed addresses: the step builder's buffers (rewritten before each replay), the
 // frozen step arena (the forward's scratch, from offset 0), the KV cache and the weights.
-// Host-side choices that would vary per step are fixed at capture: attention is planned for
-// the whole context (max_seq_len = max_context), whose empty key splits cost a block each.
+// Host-side choices that would vary per step are fixed at capture: decode attention plans
+// its key splits from the step's capacity (the whole context), not the longest sequence, so
+// the splits past a sequence's keys are blocks that exit at once.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,7 @@ class DecodeGraphs {
   // kernels a replay runs. The KV cache and logits buffer must outlive this.
   DecodeGraphs(model::Model& model, ops::Backend& backend, ops::Arena& arena, const ops::Context& ctx,
                StepBuilder& builder, const std::vector<ops::KvCacheLayer>& cache, TensorView logits,
-               std::vector<int64_t> sizes, int64_t max_context, bool eager);
+               std::vector<int64_t> sizes, bool eager);
 
   // Whether steps of n sequences run here (captured, or eager-padded for tests).
   bool covers(int64_t n) const { return active() && n >= 1 && n <= sizes_.back(); }
@@ -48,7 +49,6 @@ class DecodeGraphs {
 
  private:
   int64_t size_for(int64_t n) const;
-  model::StepInputs build(const std::vector<SeqChunk>& chunks, int64_t size);
 
   model::Model& model_;
   ops::Backend& backend_;
@@ -58,7 +58,6 @@ class DecodeGraphs {
   const std::vector<ops::KvCacheLayer>& cache_;
   TensorView logits_;
   std::vector<int64_t> sizes_;
-  int64_t max_context_;
   bool eager_;
   std::vector<std::unique_ptr<ops::Graph>> graphs_;  // graphs_[i] runs sizes_[i]
   double capture_seconds_ = 0;

@@ -189,10 +189,7 @@ void Engine::Impl::measure_step(int64_t n_seqs, int64_t n_tokens, bool long_cont
   }
   const int64_t longest = lengths[0];
   const int64_t n_cache_blocks = (longest + bs - 1) / bs;
-  KvCache scratch(backend, model.kv_layout(), bs, n_cache_blocks);
-  for (const auto& layer : scratch.layers())
-    for (TensorView t : {layer.k, layer.v, layer.index_k})
-      if (!t.empty()) backend.fill_zero(t);
+  KvCache scratch(backend, model.kv_layout(), bs, n_cache_blocks);  // zeroed
   std::vector<int32_t> table(static_cast<size_t>(n_cache_blocks));
   for (int64_t b = 0; b < n_cache_blocks; ++b) table[size_t(b)] = int32_t(b);
   const std::vector<int32_t> tokens(static_cast<size_t>(longest), 0);
@@ -254,7 +251,7 @@ void Engine::Impl::capture_decode_graphs() {
   const std::vector<int64_t> sizes = graph_sizes();
   if (sizes.empty()) return;
   graphs = std::make_unique<DecodeGraphs>(model, backend, arena, ctx, builder, cache.layers(), logits_buf->view(),
-                                          sizes, max_context, config.testing_eager_decode_graphs);
+                                          sizes, config.testing_eager_decode_graphs);
   if (!graphs->active()) {
     graphs.reset();
     return;

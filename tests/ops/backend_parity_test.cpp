@@ -234,7 +234,10 @@ TEST_F(BackendParity, AddRmsNorm) {
 TEST_F(BackendParity, LinearEveryFormatAndShape) {
   struct Case { WeightFormat f; DType dt; int64_t t, n_out, n_in; bool bias; DType out; const char* name; };
   const Case cases[] = {
-      {WeightFormat::Dense, DType::BF16, 1, 2048, 768, false, DType::BF16, "bf16 cuBLASLt decode"},
+      {WeightFormat::Dense, DType::BF16, 1, 2048, 768, false, DType::BF16, "bf16 GEMV decode"},
+      {WeightFormat::Dense, DType::BF16, 8, 4096, 2048, true, DType::BF16, "bf16 GEMV 8 tokens + bias"},
+      {WeightFormat::Dense, DType::BF16, 3, 151, 4096, false, DType::F32, "bf16 GEMV -> f32, rows off the block"},
+      {WeightFormat::Dense, DType::BF16, 9, 512, 2048, false, DType::BF16, "bf16 cuBLASLt 9 tokens"},
       {WeightFormat::Dense, DType::BF16, 300, 1024, 2048, true, DType::BF16, "bf16 cuBLASLt prefill + bias"},
       {WeightFormat::Dense, DType::BF16, 17, 11, 37, true, DType::BF16, "bf16 odd sizes"},
       {WeightFormat::Dense, DType::BF16, 5, 512, 64, false, DType::F32, "bf16 -> f32 (lm_head, router)"},
@@ -258,6 +261,23 @@ TEST_F(BackendParity, LinearEveryFormatAndShape) {
     }
     report(std::string("linear ") + c.name + " T=" + std::to_string(c.t), nmse(got, want),
            c.out == DType::F32 ? kF32Out : kBf16Out);
+  }
+}
+
+TEST_F(BackendParity, FewTokenLinearIsTheSameInAnyBatchOfUpTo8) {
+  // Decode graphs pad batches of up to 8 to the next captured size: a token's projection must
+  // not depend on the tokens beside it.
+  HostLinear h = host_linear(WeightFormat::Dense, DType::BF16, 1024, 2048, true);
+  const auto x = randn(8 * 2048);
+  const LinearWeight w = gpu->b->upload(h.view);
+  std::vector<float> alone;
+  for (int64_t t : {1, 3, 8}) {
+    const TensorView o = gpu->out({t, 1024}, DType::BF16);
+    gpu->b->linear(gpu->ctx, gpu->act(std::vector<float>(x.begin(), x.begin() + t * 2048), {t, 2048}), w, o);
+    const std::vector<float> all = gpu->read(o);
+    const std::vector<float> first(all.begin(), all.begin() + 1024);
+    if (t == 1) alone = first;
+    EXPECT_EQ(first, alone) << "token 0 of " << t;
   }
 }
 

@@ -41,7 +41,8 @@ def wait_running(s, n, timeout=10):
 class DrainTest(unittest.TestCase):
     def test_26_sigterm_lets_running_requests_finish(self):
         s = Server("--shutdown-timeout", "60")
-        threads, results = start_streams(s, 4, 300)
+        # Long enough to be running still when the checks below land, on a GPU too.
+        threads, results = start_streams(s, 4, 3000)
         wait_running(s, 4)
         keep = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)  # opened before the signal
         keep.connect()

@@ -455,8 +455,14 @@ __device__ __forceinline__ void key_range(const KernelArgs& a, RowTile& w, LaneR
 #pragma unroll
   for (int i = 0; i < T::kWarpCount; ++i) max_position = max(max_position, warp_max_position[i]);
   const int kv_end = min(max_position + 1, a.key_cap);
-  w.key_begin = w.split * a.keys_per_split;
-  w.key_end = w.split == a.n_splits - 1 ? kv_end : min(kv_end, w.key_begin + a.keys_per_split);
+  // Decode splits this sequence's own keys evenly over the splits, in whole tiles: however
+  // long the sequence, every split has work until each holds a single tile. (The split count
+  // comes from the step's capacity, so a graph planned once serves every length.)
+  const int per_split = T::kWarpsSplitKeys
+                            ? max(T::kKeys, (kv_end + a.n_splits * T::kKeys - 1) / (a.n_splits * T::kKeys) * T::kKeys)
+                            : a.keys_per_split;
+  w.key_begin = w.split * per_split;
+  w.key_end = w.split == a.n_splits - 1 ? kv_end : min(kv_end, w.key_begin + per_split);
 #pragma unroll
   for (int r = 0; r < 2; ++r) rows.key_limit[r] = rows.valid[r] ? min(rows.position[r], w.key_end - 1) : -1;
 }
@@ -690,7 +696,6 @@ static_assert(DecodeTile<64>::kRows == kDecodeRows && DecodeTile<256>::kRows == 
               "decode blocks share one warp's rows");
 constexpr int kDecodeBlocksPerSm = 4;  // split until the grid has this many blocks per SM
 constexpr int kPrefillBlocksPerSm = 2;
-constexpr int kDecodeSplitKeys = 512;  // shorter splits spend more on setup and combine
 constexpr int kPrefillMinSplitKeys = 512;
 
 struct TileGeometry {
@@ -756,18 +761,20 @@ PagedAttentionPlan make_plan(const PagedAttentionParams& p, int sm_count) {
   const int64_t work = int64_t(p.n_seqs) * p.n_kv_heads * plan.n_row_tiles;
   const int64_t target_blocks = int64_t(decode ? kDecodeBlocksPerSm : kPrefillBlocksPerSm) * sm_count;
   const int64_t splits_wanted = work >= target_blocks ? 1 : ceil_div(target_blocks, work);
-  int64_t keys = 0;
   if (decode) {
-    // Fixed-size splits: a sequence's split boundaries (and so its f32 sums) depend neither on
-    // the longest sequence beside it nor on max_seq_len, so a CUDA graph planned for the whole
-    // context gives the tokens eager decode gives. Splits past a sequence's keys are empty.
-    keys = splits_wanted == 1 ? int64_t(p.max_blocks_per_seq) * p.block_size : kDecodeSplitKeys;
+    // The split count comes from the batch's shape and the step's capacity (max_blocks_per_seq
+    // x block_size), not its longest sequence, and each sequence divides its own keys among
+    // them (key_range): a sequence's split boundaries, and so its f32 sums, depend on itself
+    // alone, so one CUDA graph serves every length and gives eager decode's tokens.
+    const int64_t cap = int64_t(p.max_blocks_per_seq) * p.block_size;
+    plan.n_splits = int(std::min(splits_wanted, ceil_div(cap, tile.keys)));
+    plan.keys_per_split = int(std::min<int64_t>(ceil_div(ceil_div(cap, plan.n_splits), tile.keys) * tile.keys, INT_MAX));
   } else {
-    keys = std::max<int64_t>(ceil_div(ceil_div(p.max_seq_len, splits_wanted), tile.keys) * tile.keys,
-                             kPrefillMinSplitKeys);
+    const int64_t keys = std::max<int64_t>(
+        ceil_div(ceil_div(p.max_seq_len, splits_wanted), tile.keys) * tile.keys, kPrefillMinSplitKeys);
+    plan.keys_per_split = int(keys);
+    plan.n_splits = int(ceil_div(p.max_seq_len, keys));
   }
-  plan.keys_per_split = int(std::min<int64_t>(keys, INT_MAX));
-  plan.n_splits = int(ceil_div(p.max_seq_len, keys));
   TETRA_CHECK(int64_t(plan.n_row_tiles) * plan.n_splits <= INT_MAX, "paged_attention: ", plan.n_row_tiles,
               " row tiles x ", plan.n_splits, " splits is too many blocks");
   return plan;

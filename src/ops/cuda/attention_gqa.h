@@ -23,7 +23,8 @@ struct PagedAttentionParams {
   const int32_t* block_tables;  // [n_seqs, max_blocks_per_seq]: KV block ids of each sequence
   int n_tokens, n_seqs, n_heads, n_kv_heads, d_k, d_v, block_size, max_blocks_per_seq;
   int max_query_len;            // host: the most tokens any one sequence has in this batch
-  int max_seq_len;              // host: the largest seq_lens entry
+  int max_seq_len;              // host: the largest seq_lens entry (prefill plans its splits by it;
+                                // decode by max_blocks_per_seq, the same for every step)
   float scale;                  // softmax scale (1/sqrt(d_k) usually)
 };
 
@@ -50,7 +51,8 @@ struct PagedAttentionPlan {
   int head_dim_tile = 0;   // mma paths: d_k and d_v zero-padded to this (64, 128 or 256)
   int n_row_tiles = 0;     // mma paths: blocks per (sequence, KV head) along the query rows
   int n_splits = 1;        // key ranges computed apart and combined by a second kernel
-  int keys_per_split = 0;  // every split but the last covers this many keys
+  int keys_per_split = 0;  // prefill: every split but the last covers this many keys; decode: the
+                           // most a split covers (each sequence divides its own keys evenly)
 };
 
 PagedAttentionPlan paged_attention_plan(const PagedAttentionParams& p, int sm_count);

@@ -19,6 +19,7 @@
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gemm_dense.h"
+#include "ops/cuda/gemv.h"
 #include "ops/cuda/kv_write.h"
 #include "ops/cuda/linear.h"
 #include "ops/cuda/moe.h"
@@ -221,6 +222,7 @@ class CudaBackend final : public Backend {
     check_device(w.weight, "linear", "the weight");
     TETRA_CHECK(x.dim(-1) == w.n_in && out.dim(-1) == w.n_out, "linear: input width ", x.dim(-1),
                 " and output width ", out.dim(-1), " do not match a weight of ", w.n_out, "x", w.n_in);
+    if (gemv_bf16(stream_of(ctx), x, w, out)) return;
     if (gemm_->linear(stream_of(ctx), x, w, out)) {
       if (!w.bias.empty()) cuda::add_bias(stream_of(ctx), out, w.bias);
       return;

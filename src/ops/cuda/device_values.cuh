@@ -28,6 +28,15 @@ __device__ __forceinline__ void store_float(void* p, int64_t i, DType dt, float 
   }
 }
 
+// v as a tensor of `dt` holds it: what store_float then load_float would give back.
+__device__ __forceinline__ float round_to(DType dt, float v) {
+  switch (dt) {
+    case DType::BF16: return __bfloat162float(__float2bfloat16(v));
+    case DType::F16: return __half2float(__float2half(v));
+    default: return v;
+  }
+}
+
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
   return __uint_as_float(uint32_t(b) << 16);
 }

@@ -11,8 +11,8 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// One warp per row (rows of up to a few thousand values: qk-norm heads, hidden states of
-// small models), or one block per row for wide rows (block_row). With `delta`, x += delta
+// Narrow rows (qk-norm heads, hidden states of tiny models): one warp per row; rows wider
+// than norm_row_kernel holds: one block per row walking it (block_row). With `delta`, x += delta
 // first (add_rms_norm): each thread stores the sums it owns and reads them back rounded, so
 // the norm sees exactly what a separate add would have left.
 template <bool kLayerNorm>
@@ -62,6 +62,72 @@ __global__ void norm_kernel(void* x, DType xdt, const void* delta, DType ddt, co
   }
 }
 
+// Wide rows (hidden states, d >= 512): one block of kRowThreads per row, each thread holding
+// its kPer values in registers, so a row costs one round of loads however few rows there are
+// (one warp walking a 2,048-wide row alone waits on 64 dependent rounds: about 50 us at T = 1).
+constexpr int kRowThreads = 256;
+
+template <bool kLayerNorm, int kPer>
+__global__ void __launch_bounds__(kRowThreads) norm_row_kernel(void* x, DType xdt, const void* delta, DType ddt,
+                                                               const void* w, DType wdt, const void* b, DType bdt,
+                                                               float eps, void* out, DType odt, int64_t d) {
+  __shared__ float partial[kRowThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t base = int64_t(blockIdx.x) * d;
+  float v[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    v[j] = i < d ? load_float(x, base + i, xdt) : 0.0f;
+  }
+  if (delta) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+      if (i >= d) continue;
+      v[j] = round_to(xdt, v[j] + load_float(delta, base + i, ddt));  // what a separate add stores
+      store_float(x, base + i, xdt, v[j]);
+    }
+  }
+  auto block_sum = [&](float s) {
+    s = warp_sum(s);
+    if (lane == 0) partial[warp] = s;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kRowThreads / 32; ++k) total += partial[k];
+    __syncthreads();  // partial is reused by the next sum
+    return total;
+  };
+  float mean = 0.0f;
+  if (kLayerNorm) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) s += v[j];  // zeros past d
+    mean = block_sum(s) / float(d);
+  }
+  float sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (threadIdx.x + int64_t(j) * kRowThreads < d) sq += (v[j] - mean) * (v[j] - mean);
+  const float inv = rsqrtf(block_sum(sq) / float(d) + eps);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    if (i >= d) continue;
+    float y = kLayerNorm ? (v[j] - mean) * inv * load_float(w, i, wdt) : load_float(w, i, wdt) * (v[j] * inv);
+    if (kLayerNorm && b) y += load_float(b, i, bdt);
+    store_float(out, base + i, odt, y);
+  }
+}
+
+template <bool kLayerNorm, int kPer>
+void launch_rows(cudaStream_t stream, TensorView x, TensorView delta, TensorView w, TensorView b, float eps,
+                 TensorView out, int64_t rows, int64_t d) {
+  norm_row_kernel<kLayerNorm, kPer><<<unsigned(rows), kRowThreads, 0, stream>>>(
+      x.data, x.dtype, delta.data, delta.dtype, w.data, w.dtype, b.data, b.dtype, eps, out.data, out.dtype, d);
+}
+
 bool is_float(DType d) { return d == DType::BF16 || d == DType::F16 || d == DType::F32; }
 
 template <bool kLayerNorm>
@@ -77,7 +143,13 @@ void launch(cudaStream_t stream, TensorView x, TensorView delta, TensorView w, T
               "add_rms_norm: delta must match h in size and dtype, and out must be a third tensor");
   const int64_t rows = x.numel() / d;
   if (rows == 0) return;
-  if (d <= 2048) {
+  TETRA_CHECK(rows <= INT32_MAX, "norm: ", rows, " rows is too many for one launch");
+  if (d >= 512 && d <= 32 * kRowThreads) {
+    if (d <= 4 * kRowThreads) launch_rows<kLayerNorm, 4>(stream, x, delta, w, b, eps, out, rows, d);
+    else if (d <= 8 * kRowThreads) launch_rows<kLayerNorm, 8>(stream, x, delta, w, b, eps, out, rows, d);
+    else if (d <= 16 * kRowThreads) launch_rows<kLayerNorm, 16>(stream, x, delta, w, b, eps, out, rows, d);
+    else launch_rows<kLayerNorm, 32>(stream, x, delta, w, b, eps, out, rows, d);
+  } else if (d <= 2048) {
     constexpr int kWarps = 8;
     norm_kernel<kLayerNorm><<<int((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(
         x.data, x.dtype, delta.data, delta.dtype, w.data, w.dtype, b.data, b.dtype, eps, out.data, out.dtype, rows,

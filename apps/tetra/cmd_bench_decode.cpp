@@ -1,0 +1,280 @@
+// tetra bench decode: the serving engine in-process (no HTTP) on synthetic sequences. Per
+// batch size: the decode step's time (as served: CUDA graphs where the backend has them), its
+// byte floor (the weights the step touches and the KV it reads, over the bandwidth), and where
+// the time goes, op class by op class, from an eager profiling pass.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "core/error.h"
+#include "device_options.h"
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "runtime/kv_cache.h"
+#include "runtime/op_profile.h"
+
+namespace tetra::cli {
+namespace {
+
+using runtime::OpClass;
+
+struct StepTimes {
+  double median = 0, min = 0, max = 0;  // seconds
+};
+
+StepTimes summarize(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return {t[t.size() / 2], t.front(), t.back()};
+}
+
+// The bytes one decode step of `batch` sequences at `context` tokens must read: every dense
+// weight (the embedding table only for the batch's rows, unless it is also the lm_head), the
+// distinct routed experts the batch touches under uniform routing, and the KV cache.
+double step_floor_bytes(const model::Model& m, int64_t batch, int64_t context, DType kv_dtype) {
+  const ModelConfig& c = m.config();
+  const model::LoadStats s = m.load_stats();
+  const double table = double(c.vocab_size) * double(c.hidden_size) * 2;
+  double dense = double(s.bytes - s.routed_expert_bytes);
+  if (!c.tie_word_embeddings) dense -= table - double(batch) * double(c.hidden_size) * 2;
+  int64_t moe_layers = 0;
+  for (bool moe : c.layer_is_moe) moe_layers += moe;
+  double experts = 0;
+  if (moe_layers > 0 && c.n_routed_experts > 0) {
+    const double e = double(c.n_routed_experts), k = double(c.n_experts_per_tok);
+    const double touched = e * (1 - std::pow(1 - k / e, double(batch)));
+    experts = double(moe_layers) * touched * double(s.routed_expert_bytes) / (double(moe_layers) * e);
+  }
+  const double kv = double(batch) * double(context) * double(runtime::kv_bytes_per_block(m.kv_layout(), 1, kv_dtype));
+  return dense + experts + kv;
+}
+
+struct Row {
+  int64_t batch = 0, context = 0;
+  StepTimes served, eager;
+  double floor_s = 0;
+  std::map<OpClass, double> by_class;  // seconds a step
+  double ops_s = 0;                    // all ops a step
+  std::vector<std::pair<std::string, runtime::OpTime>> top;  // per step, slowest first
+  int64_t graph_steps = 0;
+};
+
+using OpTimes = std::map<std::string, runtime::OpTime>;
+
+// Runs `batch` requests of `context` random prompt tokens to their first token, then times
+// `steps` decode steps one by one; with `prof`, profiles `profile_steps` more, one map each.
+StepTimes run_engine(model::Model& m, ops::Backend& b, runtime::EngineConfig config, int64_t batch, int64_t context,
+                     int steps, runtime::ProfilingBackend* prof, int profile_steps, int64_t* graph_steps,
+                     std::vector<OpTimes>* profiled = nullptr) {
+  config.max_running_requests = int(batch);
+  config.enable_prefix_caching = false;
+  const int64_t new_tokens = 2 + steps + profile_steps;
+  config.kv_blocks = batch * ((context + new_tokens + config.block_size - 1) / config.block_size) + 1;
+  runtime::Engine engine(m, b, config);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> pick(0, int32_t(m.config().vocab_size) - 1);
+  std::map<uint64_t, int64_t> generated;
+  for (int64_t i = 0; i < batch; ++i) {
+    runtime::RequestParams p;
+    p.prompt.resize(size_t(context));
+    for (auto& t : p.prompt) t = pick(rng);
+    p.max_new_tokens = new_tokens;
+    p.ignore_eos = true;
+    const auto r = engine.submit(std::move(p), [&generated](const runtime::RequestOutput& o) {
+      generated[o.request_id] += int64_t(o.tokens.size());
+    });
+    TETRA_CHECK(r.error == runtime::SubmitError::None, "bench decode: a request was refused: ", r.message);
+    generated[r.request_id] = 0;
+  }
+  auto all_started = [&] {
+    return std::all_of(generated.begin(), generated.end(), [](const auto& g) { return g.second >= 1; });
+  };
+  while (!all_started()) TETRA_CHECK(engine.step(), "bench decode: the engine stopped before every prompt ran");
+  const int64_t graph_steps_before = engine.stats().graph_steps;
+  std::vector<double> t;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    engine.step();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  if (graph_steps) *graph_steps = engine.stats().graph_steps - graph_steps_before;
+  if (prof) {
+    for (int i = 0; i < profile_steps; ++i) {
+      prof->reset();
+      prof->enable(true);
+      engine.step();
+      prof->enable(false);
+      profiled->push_back(prof->times());
+    }
+  }
+  return summarize(t);
+}
+
+std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
+  std::vector<int64_t> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    try {
+      out.push_back(std::stoll(item));
+    } catch (const std::exception&) {
+      fail(flag, ": '", item, "' is not a number");
+    }
+    TETRA_CHECK(out.back() >= 1, flag, " takes numbers of at least 1, not ", out.back());
+  }
+  TETRA_CHECK(!out.empty(), flag, " is empty");
+  return out;
+}
+
+}  // namespace
+
+int cmd_bench_decode(int argc, char** argv) {
+  CLI::App app{"Decode steps of the serving engine in-process: step time, its byte floor, and where the time goes.",
+               "tetra bench decode"};
+  std::string model_dir, batches = "1,16,64,256", json_path;
+  DeviceFlags dev;
+  int64_t context = 1024;
+  int steps = 50, profile_steps = 5;
+  double bandwidth_tbs = 4.24;
+  bool verbose = false;
+  runtime::EngineConfig config;
+  config.chunked_prefill_size = 4096;  // fills the batch's prompts in fewer steps than serving's 512
+  app.add_option("--model", model_dir, "model folder (config.json; safetensors unless --load-format dummy)")
+      ->required();
+  add_device_flags(app, dev);
+  app.add_option("--batch", batches, "comma-separated batch sizes (sequences decoding together)")
+      ->capture_default_str();
+  app.add_option("--context", context, "prompt tokens of every sequence")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24))
+      ->capture_default_str();
+  app.add_option("--steps", steps, "decode steps timed per batch size")->check(CLI::Range(3, 100000))->capture_default_str();
+  app.add_option("--profile-steps", profile_steps, "eager steps profiled op by op (0: no breakdown)")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  app.add_option("--bandwidth", bandwidth_tbs, "memory bandwidth of the floor, TB/s (the H200's measured 4.24)")
+      ->check(CLI::Range(0.01, 100.0))
+      ->capture_default_str();
+  app.add_option("--chunked-prefill-size", config.chunked_prefill_size, "prompt tokens per step while filling")
+      ->check(CLI::Range(int64_t(16), int64_t(1) << 24))
+      ->capture_default_str();
+  app.add_flag("--disable-cuda-graph", config.disable_cuda_graph, "time eager decode steps, without CUDA graphs");
+  app.add_option("--json", json_path, "also write the figures as JSON to FILE");
+  app.add_flag("--verbose", verbose, "also list the slowest ops of each batch size");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    const std::vector<int64_t> batch_sizes = parse_list(batches, "--batch");
+    auto prof = std::make_unique<runtime::ProfilingBackend>(ops::make_backend(backend_options(dev)));
+    std::fprintf(stderr, "tetra bench decode: backend %s\n", prof->name().c_str());
+    model::LoadOptions options;
+    options.dummy = dev.load_format == "dummy";
+    auto model = model::load_model(model_dir, *prof, options);
+    const ModelConfig& mc = model->config();
+    TETRA_CHECK(context + 2 + steps + profile_steps <= mc.max_position_embeddings, "--context ", context, " plus ",
+                2 + steps + profile_steps, " decode steps is more than the model's context of ",
+                mc.max_position_embeddings, " tokens");
+    std::vector<Row> rows;
+    for (int64_t batch : batch_sizes) {
+      Row r;
+      r.batch = batch;
+      r.context = context;
+      r.served = run_engine(*model, *prof, config, batch, context, steps, nullptr, 0, &r.graph_steps);
+      if (profile_steps > 0) {
+        runtime::EngineConfig eager = config;
+        eager.disable_cuda_graph = true;
+        std::vector<OpTimes> profiled;
+        r.eager = run_engine(*model, *prof, eager, batch, context, steps, prof.get(), profile_steps, nullptr, &profiled);
+        // Each op's median over the profiled steps (one stray wait does not skew it).
+        for (const auto& [name, first] : profiled.front()) {
+          std::vector<double> t;
+          for (const OpTimes& step : profiled) t.push_back(step.count(name) ? step.at(name).seconds : 0.0);
+          runtime::OpTime op = first;
+          op.seconds = summarize(t).median;
+          r.by_class[op.cls] += op.seconds;
+          r.ops_s += op.seconds;
+          r.top.emplace_back(name, op);
+        }
+        std::sort(r.top.begin(), r.top.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+      }
+      // The mean context over the timed steps.
+      r.floor_s = step_floor_bytes(*model, batch, context + 1 + steps / 2, prof->kv_dtype()) / (bandwidth_tbs * 1e12);
+      rows.push_back(r);
+    }
+
+    std::printf("%s, context %lld, %d steps timed per batch (median, min-max); floor at %.2f TB/s\n",
+                model_dir.c_str(), (long long)context, steps, bandwidth_tbs);
+    std::printf("%6s %22s %10s %9s %8s %9s", "batch", "step ms", "tok/s", "floor ms", "% floor", "eager ms");
+    const OpClass classes[] = {OpClass::Attention, OpClass::Moe, OpClass::DenseGemm, OpClass::NormRope,
+                               OpClass::Elementwise, OpClass::Sampling};
+    if (profile_steps > 0) {
+      for (OpClass c : classes) std::printf(" %11s", runtime::op_class_name(c));
+      std::printf(" %9s", "gaps");
+    }
+    std::printf("\n");
+    for (const Row& r : rows) {
+      char step[64];
+      std::snprintf(step, sizeof step, "%.3f (%.3f-%.3f)", r.served.median * 1e3, r.served.min * 1e3, r.served.max * 1e3);
+      std::printf("%6lld %22s %10.1f %9.3f %7.1f%% %9.3f", (long long)r.batch, step, double(r.batch) / r.served.median,
+                  r.floor_s * 1e3, 100 * r.floor_s / r.served.median, r.eager.median * 1e3);
+      if (profile_steps > 0) {
+        for (OpClass c : classes) std::printf(" %11.3f", (r.by_class.count(c) ? r.by_class.at(c) : 0.0) * 1e3);
+        std::printf(" %9.3f", (r.eager.median - r.ops_s) * 1e3);
+      }
+      std::printf("\n");
+      if (verbose)
+        for (size_t i = 0; i < std::min<size_t>(r.top.size(), 12); ++i)
+          std::printf("       %-32s %6lld calls %9.3f ms a step\n", r.top[i].first.c_str(),
+                      (long long)r.top[i].second.calls, r.top[i].second.seconds * 1e3);
+    }
+    if (profile_steps > 0)
+      std::printf("breakdown: ms a step of the eager profiling pass (each op's median over the profiled steps), each "
+                  "op timed between two waits for the device (%.1f us a wait taken off); gaps = eager step - its ops\n",
+                  prof->sync_overhead() * 1e6);
+
+    if (!json_path.empty()) {
+      nlohmann::json j = nlohmann::json::array();
+      for (const Row& r : rows) {
+        nlohmann::json o = {{"batch", r.batch},
+                            {"context", r.context},
+                            {"step_ms_median", r.served.median * 1e3},
+                            {"step_ms_min", r.served.min * 1e3},
+                            {"step_ms_max", r.served.max * 1e3},
+                            {"tokens_per_s", double(r.batch) / r.served.median},
+                            {"floor_ms", r.floor_s * 1e3},
+                            {"floor_fraction", r.floor_s / r.served.median},
+                            {"graph_steps", r.graph_steps}};
+        if (profile_steps > 0) {
+          o["eager_step_ms_median"] = r.eager.median * 1e3;
+          nlohmann::json br;
+          for (OpClass c : classes) br[runtime::op_class_name(c)] = (r.by_class.count(c) ? r.by_class.at(c) : 0.0) * 1e3;
+          br["gaps"] = (r.eager.median - r.ops_s) * 1e3;
+          o["breakdown_ms"] = br;
+          nlohmann::json ops = nlohmann::json::object();
+          for (const auto& [name, t] : r.top) ops[name] = {{"calls_per_step", t.calls}, {"ms_per_step", t.seconds * 1e3}};
+          o["ops"] = ops;
+        }
+        j.push_back(o);
+      }
+      std::ofstream(json_path) << j.dump(2) << "\n";
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tetra bench decode: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace tetra::cli
