@@ -45,12 +45,18 @@ void print_usage(FILE* out) {
   std::fprintf(out, "usage: tetra <command> [options]\n\ncommands:\n");
   for (const Command& c : kCommands)
     if (c.run) std::fprintf(out, "  %-16s %s\n", c.name, c.summary);
-  std::fprintf(out, "\n`tetra <command> --help` describes a command's options.\n");
+  std::fprintf(out, "\n`tetra <command> --help` describes a command's options; `tetra --version` the build.\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V"))) {
+    // TETRA_VERSION and TETRA_GIT_COMMIT come from CMake's configure step.
+    if (*TETRA_GIT_COMMIT) std::printf("tetra %s (commit %s)\n", TETRA_VERSION, TETRA_GIT_COMMIT);
+    else std::printf("tetra %s\n", TETRA_VERSION);
+    return 0;
+  }
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
