@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "commands.h"
 #include "device_options.h"
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "server/access_control.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,7 +58,11 @@ void raise_fd_limit() {
 
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"Serve a model over an OpenAI-compatible HTTP API.", "tetra serve"};
-  std::string model_dir, host = "127.0.0.1", kv_memory, served_name;
+  std::string model_dir, host = "127.0.0.1", kv_memory;
+  std::vector<std::string> served_names, api_keys;
+  std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";
+  bool allow_credentials = false, disable_log_requests = false, disable_log_stats = false;
+  double log_stats_interval = 10;
   DeviceFlags dev;
   int port = 30000, tp = 1, ep = 1, http_threads = 2;
   runtime::EngineConfig engine_config;
@@ -85,7 +91,19 @@ int cmd_serve(int argc, char** argv) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--context-length", context_length, "tokens per sequence (0: the model's maximum)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
-  app.add_option("--served-model-name", served_name, "model name in the API (default: the folder name)");
+  app.add_option("--served-model-name", served_names,
+                 "model names the API answers to; the first is the one responses carry (default: the folder name)");
+  app.add_option("--api-key", api_keys, "keys one of which /v1/* requests must send as 'Authorization: Bearer KEY'")
+      ->envname("TETRA_API_KEY");
+  app.add_option("--allowed-origins", allowed_origins,
+                 "CORS origins, a JSON list or comma list (\"*\": any); default none: no CORS");
+  app.add_option("--allowed-methods", allowed_methods, "CORS methods, a JSON list or comma list (default *)");
+  app.add_option("--allowed-headers", allowed_headers, "CORS request headers, a JSON list or comma list (default *)");
+  app.add_flag("--allow-credentials", allow_credentials, "CORS: allow credentials");
+  app.add_flag("--disable-log-requests", disable_log_requests, "no access line per request");
+  app.add_flag("--disable-log-stats", disable_log_stats, "no periodic throughput line");
+  app.add_option("--log-stats-interval", log_stats_interval, "seconds between throughput lines while busy")
+      ->check(CLI::Range(0.05, 86400.0));
   app.add_option("--tp", tp, "tensor-parallel size")->check(CLI::Range(1, 64));
   app.add_option("--ep", ep, "expert-parallel size")->check(CLI::Range(1, 64));
   app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 256));
@@ -114,8 +132,17 @@ int cmd_serve(int argc, char** argv) {
     engine_config.testing_fail_step = n;
     std::fprintf(stderr, "tetra serve: TETRA_TESTING_FAIL_STEP=%lld: step %lld will fail (testing)\n", n, n);
   }
-  if (served_name.empty()) served_name = std::filesystem::absolute(dir).lexically_normal().filename().string();
-  if (served_name.empty()) served_name = std::filesystem::absolute(dir).parent_path().filename().string();
+  for (const auto& name : served_names) TETRA_CHECK(!name.empty(), "--served-model-name must not be empty");
+  for (const auto& key : api_keys) TETRA_CHECK(!key.empty(), "--api-key must not be empty");
+  if (served_names.empty()) {
+    std::string name = std::filesystem::absolute(dir).lexically_normal().filename().string();
+    if (name.empty()) name = std::filesystem::absolute(dir).parent_path().filename().string();
+    served_names.push_back(name);
+  }
+  server::CorsOptions cors{.allow_credentials = allow_credentials};
+  if (!allowed_origins.empty()) cors.origins = server::parse_list_flag("--allowed-origins", allowed_origins);
+  cors.methods = server::parse_list_flag("--allowed-methods", allowed_methods);
+  cors.headers = server::parse_list_flag("--allowed-headers", allowed_headers);
   raise_fd_limit();
 
   // The device answers (or the command ends with one sentence) before the server listens.
@@ -126,7 +153,11 @@ int cmd_serve(int argc, char** argv) {
                                            .port = port,
                                            .http_threads = http_threads,
                                            .shutdown_timeout_s = shutdown_timeout,
-                                           .read_timeout_s = read_timeout});
+                                           .read_timeout_s = read_timeout,
+                                           .api_keys = api_keys,
+                                           .cors = cors,
+                                           .log_requests = !disable_log_requests,
+                                           .log_stats_interval_s = disable_log_stats ? 0.0 : log_stats_interval});
   srv.start();
   std::fprintf(stderr, "tetra serve: listening on http://%s:%d, loading %s\n", host.c_str(), srv.port(),
                dir.string().c_str());
@@ -154,12 +185,12 @@ int cmd_serve(int argc, char** argv) {
                                                                : mc.max_position_embeddings;
   srv.set_ready({.engine = &engine,
                  .tokenizer = &tokenizer,
-                 .model_name = served_name,
+                 .model_names = served_names,
                  .max_context = max_context,
                  .vocab_size = mc.vocab_size});
   const runtime::EngineStats stats = engine.stats();
   std::fprintf(stderr, "tetra serve: ready: %s, context %lld tokens, %lld KV blocks, http://%s:%d/v1\n",
-               served_name.c_str(), static_cast<long long>(max_context),
+               served_names.front().c_str(), static_cast<long long>(max_context),
                static_cast<long long>(stats.kv_blocks_total), host.c_str(), srv.port());
 
   const int rc = srv.wait();

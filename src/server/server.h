@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/engine.h"
+#include "server/access_control.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tetra::server {
@@ -23,13 +25,17 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;    // larger bodies: 413, read no further
   size_t max_header_bytes = 16u << 10; // larger headers: 431
   int max_connections = 16384;         // beyond it new connections are closed at once
+  std::vector<std::string> api_keys;   // non-empty: /v1/* needs "Authorization: Bearer <one of them>"
+  CorsOptions cors;                    // origins empty: no CORS headers, preflights refused
+  bool log_requests = true;            // one access line per request (not /health, /metrics)
+  double log_stats_interval_s = 10;    // throughput line while busy; 0: never
 };
 
 // What the server needs once the model is loaded; the pointees outlive the server's use.
 struct ServingContext {
   runtime::Engine* engine = nullptr;
   const tok::Tokenizer* tokenizer = nullptr;
-  std::string model_name;
+  std::vector<std::string> model_names;  // --served-model-name; the first is the one responses carry
   int64_t max_context = 0;  // prompt + generated tokens per sequence
   int64_t vocab_size = 0;   // the model's (embedding) vocabulary
 };
