@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tokenizer/tiktoken.h"
 #include "tokenizer/utf8.h"
 
 namespace tetra::tok {
@@ -107,28 +108,51 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
         t.added_.push_back(std::move(tok));
       }
     }
-    t.id_to_token_.assign(n_ids, std::string());
-    t.id_bytes_.assign(n_ids, std::string());
-    t.id_flags_.assign(n_ids, 0);
-    for (const auto& [token, id] : t.bpe_.vocab()) {
-      t.id_to_token_[id] = token;
-      t.id_flags_[id] = kKnown;
-    }
-    for (size_t k = 0; k < t.added_.size(); ++k) {
-      const AddedToken& a = t.added_[k];
-      t.id_to_token_[a.id] = a.content;
-      t.id_flags_[a.id] = kKnown | (a.special ? kSpecial : 0);
-      if (a.normalized)
-        t.normalized_matcher_.add(t.normalizer_.apply(a.content), static_cast<int>(k));
-      else
-        t.raw_matcher_.add(a.content, static_cast<int>(k));
-    }
-    for (size_t id = 0; id < n_ids; ++id)
-      if (t.id_flags_[id]) t.id_bytes_[id] = byte_level_decode(t.id_to_token_[id]);
+    t.index_tokens(n_ids);
     return t;
   } catch (const json::exception& e) {
     fail(source, " has an unexpected structure (", e.what(), ")");
   }
+}
+
+void Tokenizer::index_tokens(size_t n_ids) {
+  id_to_token_.assign(n_ids, std::string());
+  id_bytes_.assign(n_ids, std::string());
+  id_flags_.assign(n_ids, 0);
+  for (const auto& [token, id] : bpe_.vocab()) {
+    id_to_token_[id] = token;
+    id_flags_[id] = kKnown;
+  }
+  for (size_t k = 0; k < added_.size(); ++k) {
+    const AddedToken& a = added_[k];
+    id_to_token_[a.id] = a.content;
+    id_flags_[a.id] = kKnown | (a.special ? kSpecial : 0);
+    if (a.normalized)
+      normalized_matcher_.add(normalizer_.apply(a.content), static_cast<int>(k));
+    else
+      raw_matcher_.add(a.content, static_cast<int>(k));
+  }
+  for (size_t id = 0; id < n_ids; ++id)
+    if (id_flags_[id]) id_bytes_[id] = byte_level_decode(id_to_token_[id]);
+}
+
+Tokenizer Tokenizer::from_tiktoken(const std::vector<std::string>& rank_bytes, std::vector<AddedToken> specials,
+                                   const std::string& pattern) {
+  Tokenizer t;
+  t.bpe_ = BpeModel::from_ranks(rank_bytes);
+  t.pre_tokenizer_ = PreTokenizer::from_json(
+      {{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}});
+  size_t n_ids = rank_bytes.size();
+  for (AddedToken& a : specials) {
+    TETRA_CHECK(a.id >= TokenId(rank_bytes.size()) && a.id < (1 << 30) && !a.content.empty() &&
+                    utf8_is_valid(a.content),
+                "special token ", a.id, " overlaps the ranks or has empty or invalid content");
+    a.normalized = a.lstrip = a.rstrip = a.single_word = false;
+    n_ids = std::max(n_ids, size_t(a.id) + 1);
+  }
+  t.added_ = std::move(specials);
+  t.index_tokens(n_ids);
+  return t;
 }
 
 TokenizerConfig parse_tokenizer_config(std::string_view text, const std::string& source) {
@@ -170,10 +194,16 @@ TokenizerConfig parse_tokenizer_config(std::string_view text, const std::string&
   return c;
 }
 
+bool has_tokenizer(const std::filesystem::path& dir) {
+  return std::filesystem::is_regular_file(dir / "tokenizer.json") || std::filesystem::is_regular_file(dir / "tiktoken.model");
+}
+
 Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   std::filesystem::path json_path = dir / "tokenizer.json";
+  if (!std::filesystem::exists(json_path) && std::filesystem::is_regular_file(dir / "tiktoken.model"))
+    return load_tiktoken_tokenizer(dir);
   TETRA_CHECK(std::filesystem::is_regular_file(json_path), "model folder ", dir.string(),
-              " has no tokenizer.json");
+              " has no tokenizer.json (nor tiktoken.model)");
   Tokenizer t = from_json(read_file(json_path), json_path.string());
   std::filesystem::path config_path = dir / "tokenizer_config.json";
   if (std::filesystem::is_regular_file(config_path))

@@ -40,7 +40,13 @@ class Tokenizer {
   static Tokenizer from_json(std::string_view json, const std::string& source = "tokenizer.json");
   // Loads DIR/tokenizer.json, DIR/tokenizer_config.json (optional) and DIR/chat_template.jinja
   // (optional; it takes precedence over the config's chat_template, as in transformers).
+  // When the folder has no tokenizer.json but a tiktoken.model (Kimi K2), that is loaded
+  // instead (tokenizer/tiktoken.h).
   static Tokenizer load(const std::filesystem::path& model_dir);
+  // A tiktoken-format BPE: `rank_bytes[r]` is token r's bytes, `specials` the added tokens
+  // (matched exactly, never normalized), `pattern` the pre-tokenizer regex (PCRE2).
+  static Tokenizer from_tiktoken(const std::vector<std::string>& rank_bytes, std::vector<AddedToken> specials,
+                                 const std::string& pattern);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -67,6 +73,8 @@ class Tokenizer {
  private:
   Tokenizer();
   void encode_normalized(std::string_view text, std::vector<TokenId>& out) const;
+  // Fills the id tables and the added-token matchers from bpe_ and added_.
+  void index_tokens(size_t n_ids);
 
   struct WordCache;
   BpeModel bpe_;
@@ -80,6 +88,9 @@ class Tokenizer {
   std::unique_ptr<WordCache> cache_;
   TokenizerConfig config_;
 };
+
+// True when `model_dir` has a tokenizer Tokenizer::load reads (tokenizer.json or tiktoken.model).
+bool has_tokenizer(const std::filesystem::path& model_dir);
 
 // Parses a tokenizer_config.json text (chat_template, bos/eos tokens, add_bos_token).
 TokenizerConfig parse_tokenizer_config(std::string_view json, const std::string& source);

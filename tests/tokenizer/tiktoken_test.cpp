@@ -1,0 +1,163 @@
+// The tiktoken.model loader (Kimi K2's tokenizer format): file validation, rank-order merging,
+// Kimi's pattern (Han runs split from other letters), special tokens and the folder loader.
+// Corpus parity with the Rust tiktoken is in parity_test.cpp (kimi_tiktoken).
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "tokenizer/tiktoken.h"
+#include "tokenizer/tokenizer.h"
+
+namespace tetra::tok {
+namespace {
+
+std::string b64(const std::string& bytes) {
+  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 | uint32_t(uint8_t(bytes[i + 1])) << 8 | uint8_t(bytes[i + 2]);
+    for (int k = 3; k >= 0; --k) out += kAlphabet[(v >> (6 * k)) & 63];
+  }
+  if (bytes.size() - i == 1) {
+    const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16;
+    out += kAlphabet[v >> 18];
+    out += kAlphabet[(v >> 12) & 63];
+    out += "==";
+  } else if (bytes.size() - i == 2) {
+    const uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 | uint32_t(uint8_t(bytes[i + 1])) << 8;
+    out += kAlphabet[v >> 18];
+    out += kAlphabet[(v >> 12) & 63];
+    out += kAlphabet[(v >> 6) & 63];
+    out += '=';
+  }
+  return out;
+}
+
+// The 256 single bytes (rank = byte value), then `extra` in rank order.
+std::string model_text(const std::vector<std::string>& extra) {
+  std::string text;
+  for (int b = 0; b < 256; ++b) text += b64(std::string(1, char(b))) + " " + std::to_string(b) + "\n";
+  for (size_t i = 0; i < extra.size(); ++i) text += b64(extra[i]) + " " + std::to_string(256 + i) + "\n";
+  return text;
+}
+
+Tokenizer small(const std::vector<std::string>& extra, std::vector<AddedToken> specials = {}) {
+  return Tokenizer::from_tiktoken(parse_tiktoken_ranks(model_text(extra), "test"), std::move(specials),
+                                  kimi_pretokenizer_pattern());
+}
+
+TEST(Tiktoken, ParsesRanksAndRejectsMalformedFiles) {
+  std::vector<std::string> r = parse_tiktoken_ranks(model_text({"ab", "\xe4\xb8\xad"}), "m");
+  ASSERT_EQ(r.size(), 258u);
+  EXPECT_EQ(r[256], "ab");
+  EXPECT_EQ(r[257], "\xe4\xb8\xad");
+  const std::string good = model_text({});
+  auto refuses = [](const std::string& text, const std::string& what) {
+    try {
+      parse_tiktoken_ranks(text, "m");
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refuses(good + "YWI* 256\n", "not base64");
+  refuses(good + "YWI= 256 7\n", "expected '<base64> <rank>'");
+  refuses(good + "YWI= x\n", "not a number");
+  refuses(good + "YWI= 255\n", "rank 255 appears twice");
+  refuses(good + "AA== 256\n", "the same bytes appear twice");
+  refuses(good + "YWI= 300\n", "rank 256 is missing");
+  refuses(model_text({}).substr(model_text({}).find('\n') + 1), "rank 0 is missing");
+  refuses("", "has no tokens");
+  // Without byte 0x00 some text could not be encoded.
+  std::string no_zero;
+  for (int b = 1; b < 256; ++b) no_zero += b64(std::string(1, char(b))) + " " + std::to_string(b - 1) + "\n";
+  refuses(no_zero, "the single byte 0 is not a token");
+}
+
+TEST(Tiktoken, MergesByRankOfTheMergedBytes) {
+  // "abc" is reachable only as ab+c (bc is no token); the lowest-ranked pair merges first.
+  Tokenizer t = small({"ab", "abc", "cd", "bcd"});
+  EXPECT_EQ(t.encode("abc"), (std::vector<TokenId>{257}));
+  // a b c d: ab (256) beats cd (258): ab c d -> abc (257) beats cd -> abc d.
+  EXPECT_EQ(t.encode("abcd"), (std::vector<TokenId>{257, 'd'}));
+  EXPECT_EQ(t.decode(t.encode("abcd")), "abcd");
+  EXPECT_EQ(t.encode("x"), (std::vector<TokenId>{'x'}));
+}
+
+TEST(Tiktoken, KimiPatternSplitsHanFromOtherLetters) {
+  // As one piece, "ab中文" would merge into ab中 (259) + 文 (261): "ab中" outranks "中文".
+  // Kimi's pattern splits the Han run from the letters before it: ab (256) + 中文 (262).
+  Tokenizer t = small({"ab", "\xe4\xb8", "\xe4\xb8\xad", "ab\xe4\xb8\xad", "\xe6\x96", "\xe6\x96\x87",
+                       "\xe4\xb8\xad\xe6\x96\x87"});
+  EXPECT_EQ(t.encode("ab\xe4\xb8\xad\xe6\x96\x87"), (std::vector<TokenId>{256, 262}));
+  EXPECT_EQ(t.encode("\xe4\xb8\xad"), (std::vector<TokenId>{258}));
+  // Contractions: "'s" stays with the word before it only through its own alternative.
+  Tokenizer c = small({"it", "'s", "it's"});
+  EXPECT_EQ(c.encode("it's"), (std::vector<TokenId>{258}));
+  EXPECT_EQ(c.encode("it'S"), (std::vector<TokenId>{256, '\'', 'S'}));  // (?i) splits, but "'S" is no token
+}
+
+TEST(Tiktoken, KimiSpecialTokensAreReservedAndNamed) {
+  nlohmann::json config = {{"added_tokens_decoder",
+                            {{"258", {{"content", "<|im_end|>"}, {"special", true}}},
+                             {"259", {{"content", "[BOS]"}, {"special", true}}}}}};
+  std::vector<AddedToken> specials = kimi_special_tokens(config, 258, "cfg");
+  ASSERT_EQ(specials.size(), 256u);
+  EXPECT_EQ(specials[0].content, "<|im_end|>");
+  EXPECT_EQ(specials[2].content, "<|reserved_token_260|>");
+  EXPECT_EQ(specials.back().id, 258 + 255);
+  Tokenizer t = Tokenizer::from_tiktoken(parse_tiktoken_ranks(model_text({"hi", "<|"}), "m"), specials,
+                                         kimi_pretokenizer_pattern());
+  EXPECT_EQ(t.encode("hi<|im_end|>"), (std::vector<TokenId>{256, 258}));
+  EXPECT_EQ(t.encode("hi<|im_end|>", {.parse_special = false}).front(), 256);
+  EXPECT_NE(t.encode("hi<|im_end|>", {.parse_special = false}).back(), 258);
+  EXPECT_EQ(t.decode(std::vector<TokenId>{259, 256, 258}), "[BOS]hi<|im_end|>");
+  EXPECT_EQ(t.decode(std::vector<TokenId>{259, 256, 258}, {.skip_special = true}), "hi");
+  EXPECT_EQ(t.token_to_id("<|reserved_token_300|>"), 300);
+  EXPECT_TRUE(t.is_special(300));
+  EXPECT_EQ(t.vocab_size(), 258u + 256u);
+  EXPECT_THROW(kimi_special_tokens({{"added_tokens_decoder", {{"12", {{"content", "x"}}}}}}, 258, "cfg"), Error);
+  EXPECT_THROW(kimi_special_tokens({{"added_tokens_decoder", {{"2x", {{"content", "x"}}}}}}, 258, "cfg"), Error);
+}
+
+TEST(Tiktoken, LoadsAFolderWithoutTokenizerJson) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tetra_tiktoken_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tiktoken.model") << model_text({"hi"});
+  nlohmann::json config = {{"tokenizer_class", "TikTokenTokenizer"},
+                           {"bos_token", "[BOS]"},
+                           {"eos_token", "[EOS]"},
+                           {"added_tokens_decoder",
+                            {{"257", {{"content", "[BOS]"}, {"special", true}}},
+                             {"258", {{"content", "[EOS]"}, {"special", true}}}}}};
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  std::ofstream(dir / "chat_template.jinja") << "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}";
+  Tokenizer t = Tokenizer::load(dir);
+  EXPECT_EQ(t.encode("hi"), (std::vector<TokenId>{256}));
+  EXPECT_EQ(t.config().eos_token, "[EOS]");
+  EXPECT_EQ(t.token_to_id("[EOS]"), 258);
+  EXPECT_FALSE(t.config().chat_template.empty());
+  // Another tokenizer class: its pattern is unknown, so the folder is refused with a sentence.
+  config["tokenizer_class"] = "SomethingElse";
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  try {
+    Tokenizer::load(dir);
+    ADD_FAILURE() << "accepted an unknown tokenizer class";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("SomethingElse"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(dir / "tokenizer_config.json");
+  EXPECT_THROW(Tokenizer::load(dir), Error);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tetra::tok
