@@ -80,7 +80,7 @@ int cmd_generate(int argc, char** argv) {
 
 #ifdef TETRA_HAVE_TOKENIZER
   std::optional<tok::Tokenizer> tokenizer;
-  if (std::filesystem::exists(dir / "tokenizer.json")) tokenizer = tok::Tokenizer::load(dir);
+  if (tok::has_tokenizer(dir)) tokenizer = tok::Tokenizer::load(dir);
 #endif
   std::vector<int32_t> prompt_tokens;
   if (!prompt_ids.empty()) {
@@ -88,7 +88,7 @@ int cmd_generate(int argc, char** argv) {
   } else {
 #ifdef TETRA_HAVE_TOKENIZER
     TETRA_CHECK(tokenizer.has_value(), "--prompt needs ", (dir / "tokenizer.json").string(),
-                "; use --prompt-ids with a model that has no tokenizer");
+                " (or tiktoken.model); use --prompt-ids with a model that has no tokenizer");
     for (auto id : tokenizer->encode(prompt)) prompt_tokens.push_back(int32_t(id));
     TETRA_CHECK(!prompt_tokens.empty(), "the prompt encodes to no tokens");
 #else

@@ -120,8 +120,8 @@ int cmd_serve(int argc, char** argv) {
   TETRA_CHECK(ep == 1, "--ep ", ep, " is not supported yet; tetra serve runs on one device (--ep 1)");
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
-  TETRA_CHECK(std::filesystem::exists(dir / "tokenizer.json"), "tetra serve needs ",
-              (dir / "tokenizer.json").string(), " to turn text into tokens");
+  TETRA_CHECK(tok::has_tokenizer(dir), "tetra serve needs ", (dir / "tokenizer.json").string(),
+              " (or tiktoken.model) to turn text into tokens");
   if (!kv_memory.empty()) engine_config.kv_memory_bytes = parse_bytes(kv_memory);
   engine_config.max_context = context_length;
   if (const char* v = std::getenv("TETRA_TESTING_FAIL_STEP"); v && *v) {

@@ -26,11 +26,11 @@ def free_port():
 
 
 class Server:
-    def __init__(self, *flags, wait_ready=True, env=None):
+    def __init__(self, *flags, wait_ready=True, env=None, model=None):
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="tetra-serve-", suffix=".log", delete=False)
         # TETRA_WRAP: a command to run the server under, e.g. "gdb -batch -ex run -ex bt --args".
-        self.cmd = os.environ.get("TETRA_WRAP", "").split() + [TETRA, "serve", "--model", MODEL, "--port", str(self.port), "--threads", "1", *os.environ.get("TETRA_SERVE_FLAGS", "").split(), *flags]
+        self.cmd = os.environ.get("TETRA_WRAP", "").split() + [TETRA, "serve", "--model", model or MODEL, "--port", str(self.port), "--threads", "1", *os.environ.get("TETRA_SERVE_FLAGS", "").split(), *flags]
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
         if wait_ready:
