@@ -180,7 +180,9 @@ Tokenizer load_tiktoken_tokenizer(const std::filesystem::path& dir) {
               "'; tiktoken.model is only supported for Kimi's TikTokenTokenizer (its pre-tokenizer is known)");
   std::vector<std::string> ranks = parse_tiktoken_ranks(read_file(model_path), model_path.string());
   std::vector<AddedToken> specials = kimi_special_tokens(config, ranks.size(), config_path.string());
-  Tokenizer t = Tokenizer::from_tiktoken(ranks, std::move(specials), kimi_pretokenizer_pattern());
+  // tokenization_kimi.py: TIKTOKEN_MAX_ENCODE_CHARS and MAX_NO_WHITESPACES_CHARS.
+  Tokenizer t = Tokenizer::from_tiktoken(ranks, std::move(specials), kimi_pretokenizer_pattern(),
+                                         {.window_chars = 400'000, .run_chars = 25'000});
   TokenizerConfig tc = parse_tokenizer_config(config_text, config_path.string());
   const std::filesystem::path jinja_path = dir / "chat_template.jinja";
   if (std::filesystem::is_regular_file(jinja_path)) tc.chat_template = read_file(jinja_path);

@@ -137,8 +137,9 @@ void Tokenizer::index_tokens(size_t n_ids) {
 }
 
 Tokenizer Tokenizer::from_tiktoken(const std::vector<std::string>& rank_bytes, std::vector<AddedToken> specials,
-                                   const std::string& pattern) {
+                                   const std::string& pattern, TextChunking chunking) {
   Tokenizer t;
+  t.chunking_ = chunking;
   t.bpe_ = BpeModel::from_ranks(rank_bytes);
   t.pre_tokenizer_ = PreTokenizer::from_json(
       {{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}});
@@ -213,6 +214,43 @@ Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   return t;
 }
 
+namespace {
+
+// Python's str.isspace(): bidirectional class WS, B or S, or category Zs.
+bool python_isspace(char32_t c) {
+  if ((c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680) return true;
+  if ((c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000)
+    return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<size_t> Tokenizer::chunk_cuts(std::string_view text) const {
+  std::vector<size_t> cuts;
+  if (chunking_.window_chars == 0 && chunking_.run_chars == 0) return cuts;
+  size_t i = 0, n_chars = 0, run = 0;
+  bool run_is_space = false;
+  while (i < text.size()) {
+    const size_t at = i;
+    const bool space = python_isspace(utf8_next(text, i));
+    if (chunking_.window_chars && n_chars % chunking_.window_chars == 0) {
+      if (n_chars > 0) cuts.push_back(at);
+      run_is_space = space;  // a window starts a fresh run count
+      run = 0;
+    }
+    ++n_chars;
+    if (space != run_is_space) {
+      run_is_space = space;
+      run = 1;
+    } else if (++run > chunking_.run_chars && chunking_.run_chars) {
+      if (cuts.empty() || cuts.back() != at) cuts.push_back(at);
+      run = 1;
+    }
+  }
+  return cuts;
+}
+
 std::vector<TokenId> Tokenizer::encode(std::string_view text, EncodeOptions options) const {
   std::string repaired;
   if (!utf8_is_valid(text)) {
@@ -226,6 +264,24 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, EncodeOptions opti
     sections.push_back({0, text.size(), -1});
   else
     raw_matcher_.split(text, added_, options.parse_special, sections);
+  if (const std::vector<size_t> cuts = chunk_cuts(text); !cuts.empty()) {
+    std::vector<Section> cut;
+    size_t k = 0;
+    for (const Section& s : sections) {
+      while (k < cuts.size() && cuts[k] <= s.begin) ++k;
+      if (s.token >= 0) {
+        cut.push_back(s);
+        continue;
+      }
+      size_t begin = s.begin;
+      for (; k < cuts.size() && cuts[k] < s.end; ++k) {
+        cut.push_back({begin, cuts[k], -1});
+        begin = cuts[k];
+      }
+      cut.push_back({begin, s.end, -1});
+    }
+    sections = std::move(cut);
+  }
   std::vector<Section> inner;
   for (const Section& s : sections) {
     if (s.token >= 0) {

@@ -27,6 +27,14 @@ struct DecodeOptions {
   bool skip_special = false;
 };
 
+// Where long texts are cut before encoding, as Kimi's tokenization_kimi.py does (to keep
+// tiktoken's regex and BPE bounded): windows of at most `window_chars` code points, each cut
+// again where a run of whitespace or of non-whitespace (Python's str.isspace) would pass
+// `run_chars`. The pieces are encoded independently. 0: no cut.
+struct TextChunking {
+  size_t window_chars = 0, run_chars = 0;
+};
+
 // What tokenizer_config.json (and chat_template.jinja) add to tokenizer.json.
 struct TokenizerConfig {
   std::string chat_template;  // empty when the model ships none
@@ -46,7 +54,7 @@ class Tokenizer {
   // A tiktoken-format BPE: `rank_bytes[r]` is token r's bytes, `specials` the added tokens
   // (matched exactly, never normalized), `pattern` the pre-tokenizer regex (PCRE2).
   static Tokenizer from_tiktoken(const std::vector<std::string>& rank_bytes, std::vector<AddedToken> specials,
-                                 const std::string& pattern);
+                                 const std::string& pattern, TextChunking chunking = {});
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -73,6 +81,8 @@ class Tokenizer {
  private:
   Tokenizer();
   void encode_normalized(std::string_view text, std::vector<TokenId>& out) const;
+  // Byte offsets in `text` where TextChunking cuts it (ascending, none at 0).
+  std::vector<size_t> chunk_cuts(std::string_view text) const;
   // Fills the id tables and the added-token matchers from bpe_ and added_.
   void index_tokens(size_t n_ids);
 
@@ -87,6 +97,7 @@ class Tokenizer {
   std::vector<uint8_t> id_flags_;         // kKnown | kSpecial
   std::unique_ptr<WordCache> cache_;
   TokenizerConfig config_;
+  TextChunking chunking_;
 };
 
 // True when `model_dir` has a tokenizer Tokenizer::load reads (tokenizer.json or tiktoken.model).

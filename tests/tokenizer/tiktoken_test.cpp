@@ -128,6 +128,40 @@ TEST(Tiktoken, KimiSpecialTokensAreReservedAndNamed) {
   EXPECT_THROW(kimi_special_tokens({{"added_tokens_decoder", {{"2x", {{"content", "x"}}}}}}, 258, "cfg"), Error);
 }
 
+TEST(Tiktoken, KimiCutsLongRunsBeforeEncoding) {
+  // tokenization_kimi.py encodes a run of more than 25,000 non-space (or space) characters in
+  // pieces of 25,000, and text in windows of 400,000 characters.
+  const std::vector<std::string> ranks = parse_tiktoken_ranks(model_text({"aa", "  "}), "m");
+  const Tokenizer whole = Tokenizer::from_tiktoken(ranks, {}, kimi_pretokenizer_pattern());
+  const Tokenizer kimi = Tokenizer::from_tiktoken(ranks, {}, kimi_pretokenizer_pattern(),
+                                                  {.window_chars = 400'000, .run_chars = 25'000});
+  auto cat = [](std::vector<TokenId> a, const std::vector<TokenId>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  // "b" + 25,000 a's: 25,001 non-space characters, cut before the last a.
+  const std::string text = "b" + std::string(25'000, 'a');
+  EXPECT_EQ(whole.encode(text), cat({'b'}, std::vector<TokenId>(12'500, 256)));
+  EXPECT_EQ(kimi.encode(text), cat(kimi.encode(text.substr(0, 25'000)), kimi.encode("a")));
+  EXPECT_NE(kimi.encode(text), whole.encode(text));
+  // A run of 25,000 is not cut; a change of class restarts the count; spaces count alike.
+  const std::string at_limit = std::string(25'000, 'a') + " " + std::string(25'000, 'a');
+  EXPECT_EQ(kimi.encode(at_limit), whole.encode(at_limit));
+  const std::string spaces = "x" + std::string(25'001, ' ') + "y";
+  EXPECT_EQ(kimi.encode(spaces), cat(kimi.encode(spaces.substr(0, 25'001)), kimi.encode(spaces.substr(25'001))));
+  // Multi-byte characters count once each: 25,001 "é" cut after 25,000 of them (2 bytes each).
+  std::string accents;
+  for (int i = 0; i < 25'001; ++i) accents += "\xc3\xa9";
+  EXPECT_EQ(kimi.encode(accents), cat(kimi.encode(accents.substr(0, 50'000)), kimi.encode(accents.substr(50'000))));
+  // Windows of 400,000 characters (classes alternate, so no run is cut): the window ends
+  // inside " baaa", which then encodes as " ba" + "aa".
+  std::string mixed;
+  for (int i = 0; i < 199'999; ++i) mixed += "a ";
+  mixed += "baaa";
+  EXPECT_EQ(kimi.encode(mixed), cat(kimi.encode(mixed.substr(0, 400'000)), kimi.encode(mixed.substr(400'000))));
+  EXPECT_NE(kimi.encode(mixed), whole.encode(mixed));
+}
+
 TEST(Tiktoken, LoadsAFolderWithoutTokenizerJson) {
   const auto dir = std::filesystem::temp_directory_path() / ("tetra_tiktoken_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
