@@ -42,6 +42,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   void do_read() {
     if (closed_) return;
+    cors_headers_.clear();  // a 413 or 431 for the next request must not carry this one's
     parser_.emplace();
     parser_->header_limit(uint32_t(state_.options.max_header_bytes));
     parser_->body_limit(state_.options.max_body_bytes);

@@ -113,6 +113,20 @@ class ApiKeyAndNamesTest(unittest.TestCase):
         self.assertEqual(parse_sse(r.read())[-1], "[DONE]")
         conn.close()
 
+    def test_cors_headers_do_not_outlive_their_request(self):
+        conn = self.s.connection()
+        conn.request("GET", "/v1/models", headers={**self.auth, "Origin": ORIGIN})
+        r = conn.getresponse()
+        r.read()
+        self.assertEqual(r.getheader("Access-Control-Allow-Origin"), ORIGIN)
+        # The next request on the same connection is refused while its headers are read (431).
+        conn.request("GET", "/v1/models", headers={**self.auth, "X-Big": "x" * 20000})
+        r = conn.getresponse()
+        r.read()
+        self.assertEqual(r.status, 431)
+        self.assertIsNone(r.getheader("Access-Control-Allow-Origin"))
+        conn.close()
+
     def test_access_line_per_request(self):
         status, body, _ = post_json(self.s, "/v1/completions", {"prompt": "hello there", "max_tokens": 3,
                                                                 "ignore_eos": True}, self.auth)
