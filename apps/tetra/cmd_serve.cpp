@@ -16,6 +16,7 @@
 #include "device_options.h"
 #include "progress.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "server/access_control.h"
@@ -63,6 +64,7 @@ int cmd_serve(int argc, char** argv) {
   std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";
   bool allow_credentials = false, disable_log_requests = false, disable_log_stats = false;
   double log_stats_interval = 10;
+  std::string log_level = "info";
   DeviceFlags dev;
   int port = 30000, tp = 1, ep = 1, http_threads = 2;
   runtime::EngineConfig engine_config;
@@ -104,6 +106,8 @@ int cmd_serve(int argc, char** argv) {
   app.add_flag("--disable-log-stats", disable_log_stats, "no periodic throughput line");
   app.add_option("--log-stats-interval", log_stats_interval, "seconds between throughput lines while busy")
       ->check(CLI::Range(0.05, 86400.0));
+  app.add_option("--log-level", log_level, "debug, info, warning or error (warning: no access or throughput lines)")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
   app.add_option("--tp", tp, "tensor-parallel size")->check(CLI::Range(1, 64));
   app.add_option("--ep", ep, "expert-parallel size")->check(CLI::Range(1, 64));
   app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 256));
@@ -132,6 +136,10 @@ int cmd_serve(int argc, char** argv) {
     engine_config.testing_fail_step = n;
     std::fprintf(stderr, "tetra serve: TETRA_TESTING_FAIL_STEP=%lld: step %lld will fail (testing)\n", n, n);
   }
+  set_log_level(log_level == "debug"     ? LogLevel::Debug
+                : log_level == "info"    ? LogLevel::Info
+                : log_level == "warning" ? LogLevel::Warn
+                                         : LogLevel::Error);
   for (const auto& name : served_names) TETRA_CHECK(!name.empty(), "--served-model-name must not be empty");
   for (const auto& key : api_keys) TETRA_CHECK(!key.empty(), "--api-key must not be empty");
   if (served_names.empty()) {

@@ -10,6 +10,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/log.h"
 #include "server/access_control.h"
 #include "server/access_log.h"
 #include "server/generation.h"
@@ -250,7 +251,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Once per request, after its last byte was handed to the socket (or the client left).
   void log_access(int status) {
-    if (!logged_.enabled) {
+    if (!logged_.enabled || log_level() > LogLevel::Info) {
       summary_.reset();
       return;
     }

@@ -17,6 +17,7 @@
 #include <boost/asio/strand.hpp>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "server/access_log.h"
 #include "server/http_connection.h"
 
@@ -138,7 +139,7 @@ struct Server::Impl {
       const ThroughputSample now{.t_s = seconds_since(started), .prompt_tokens = stats.prompt_tokens,
                                  .generated_tokens = stats.generated_tokens};
       const std::string line = format_throughput_line(last_sample, now, stats);
-      if (!line.empty()) std::fprintf(stderr, "tetra serve: %s\n", line.c_str());
+      if (!line.empty() && log_level() <= LogLevel::Info) std::fprintf(stderr, "tetra serve: %s\n", line.c_str());
       last_sample = now;
       log_stats();
     });

@@ -183,7 +183,22 @@ class DefaultsTest(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_log_level_warning_silences_access_and_throughput_lines(self):
+        s = Server("--log-level", "warning", "--log-stats-interval", "0.1")
+        try:
+            status, body, _ = post_json(s, "/v1/completions", {"prompt": "hi", "max_tokens": 8, "ignore_eos": True})
+            self.assertEqual(status, 200)
+            time.sleep(0.4)
+            self.assertNotIn("request cmpl-", s.log_text())
+            self.assertNotIn("throughput:", s.log_text())
+        finally:
+            self.assertEqual(s.stop(), 0)
+
     def test_bad_flags_are_one_sentence(self):
+        r = subprocess.run([TETRA, "serve", "--model", MODEL, "--log-level", "loud"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--log-level", r.stderr)
         for flags in [["--allowed-origins", "[1,2]"], ["--allowed-origins", "a,,b"], ["--api-key", ""]]:
             r = subprocess.run([TETRA, "serve", "--model", MODEL, "--port", "0", *flags], capture_output=True,
                                text=True, timeout=60)
