@@ -165,7 +165,8 @@ int cmd_serve(int argc, char** argv) {
                                            .api_keys = api_keys,
                                            .cors = cors,
                                            .log_requests = !disable_log_requests,
-                                           .log_stats_interval_s = disable_log_stats ? 0.0 : log_stats_interval});
+                                           .log_stats_interval_s = disable_log_stats ? 0.0 : log_stats_interval,
+                                           .version = version_string()});
   srv.start();
   std::fprintf(stderr, "tetra serve: listening on http://%s:%d, loading %s\n", host.c_str(), srv.port(),
                dir.string().c_str());

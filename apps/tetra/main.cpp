@@ -52,9 +52,7 @@ void print_usage(FILE* out) {
 
 int main(int argc, char** argv) {
   if (argc == 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V"))) {
-    // TETRA_VERSION and TETRA_GIT_COMMIT come from CMake's configure step.
-    if (*TETRA_GIT_COMMIT) std::printf("tetra %s (commit %s)\n", TETRA_VERSION, TETRA_GIT_COMMIT);
-    else std::printf("tetra %s\n", TETRA_VERSION);
+    std::printf("tetra %s\n", tetra::cli::version_string().c_str());
     return 0;
   }
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {

@@ -224,6 +224,10 @@ RouteResult dispatch(ServerState& state, const HttpRequest& req) {
     method_is("GET");
     return {health(state)};
   }
+  if (path == "/version") {  // vLLM's; open like /health
+    method_is("GET");
+    return {json_response(200, {{"version", state.options.version}})};
+  }
   if (path == "/metrics") {
     method_is("GET");
     runtime::EngineStats stats;

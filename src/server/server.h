@@ -29,6 +29,7 @@ struct ServerOptions {
   CorsOptions cors;                    // origins empty: no CORS headers, preflights refused
   bool log_requests = true;            // one access line per request (not /health, /metrics)
   double log_stats_interval_s = 10;    // throughput line while busy; 0: never
+  std::string version;                 // GET /version answers {"version": this}
 };
 
 // What the server needs once the model is loaded; the pointees outlive the server's use.

@@ -48,9 +48,13 @@ class ApiKeyAndNamesTest(unittest.TestCase):
         status, body, _ = get_json(self.s, "/v1/models", self.auth)
         self.assertEqual(status, 200, body)
 
-    def test_health_and_metrics_stay_open(self):
+    def test_health_metrics_and_version_stay_open(self):
         self.assertEqual(self.s.request("GET", "/health")[0], 200)
         self.assertEqual(self.s.request("GET", "/metrics")[0], 200)
+        status, body, _ = get_json(self.s, "/version")
+        self.assertEqual(status, 200)
+        cli = subprocess.run([TETRA, "--version"], capture_output=True, text=True).stdout.strip()
+        self.assertEqual("tetra " + body["version"], cli)
 
     def test_models_lists_every_served_name(self):
         status, body, _ = get_json(self.s, "/v1/models", self.auth)
