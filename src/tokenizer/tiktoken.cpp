@@ -5,6 +5,7 @@
 // split of every token into two tokens, which is how BpeModel::from_ranks builds its table.
 #include "tokenizer/tiktoken.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -65,6 +66,9 @@ std::vector<std::string> parse_tiktoken_ranks(std::string_view text, const std::
   std::vector<std::string> by_rank;
   std::vector<uint8_t> seen;
   std::unordered_map<std::string, uint32_t> rank_of;
+  // Dense ranks are below the number of lines: a larger one is refused before it could size
+  // any table (one line claiming rank 10^9 must not allocate a billion entries).
+  const size_t n_lines = size_t(std::count(text.begin(), text.end(), '\n')) + 1;
   size_t line_no = 0, pos = 0;
   std::string bytes;
   while (pos < text.size()) {
@@ -88,7 +92,8 @@ std::vector<std::string> parse_tiktoken_ranks(std::string_view text, const std::
                   "' is not a number");
       rank = rank * 10 + uint64_t(c - '0');
     }
-    TETRA_CHECK(rank < (1u << 30), source, " line ", line_no, ": rank ", rank, " is out of range");
+    TETRA_CHECK(rank < (1u << 30) && rank < n_lines, source, " line ", line_no, ": rank ", rank,
+                " is out of range (the file has ", n_lines, " lines)");
     if (rank >= by_rank.size()) {
       by_rank.resize(rank + 1);
       seen.resize(rank + 1, 0);

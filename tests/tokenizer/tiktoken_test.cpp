@@ -73,7 +73,8 @@ TEST(Tiktoken, ParsesRanksAndRejectsMalformedFiles) {
   refuses(good + "YWI= x\n", "not a number");
   refuses(good + "YWI= 255\n", "rank 255 appears twice");
   refuses(good + "AA== 256\n", "the same bytes appear twice");
-  refuses(good + "YWI= 300\n", "rank 256 is missing");
+  refuses(good + "YWI= 257\n", "rank 256 is missing");
+  refuses(good + "YWI= 1000000000\n", "rank 1000000000 is out of range");
   refuses(model_text({}).substr(model_text({}).find('\n') + 1), "rank 0 is missing");
   refuses("", "has no tokens");
   // Without byte 0x00 some text could not be encoded.
