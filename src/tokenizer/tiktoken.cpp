@@ -84,6 +84,11 @@ std::vector<std::string> parse_tiktoken_ranks(std::string_view text, const std::
                 " line ", line_no, ": expected '<base64> <rank>'");
     TETRA_CHECK(base64_decode(line.substr(0, sp), bytes), source, " line ", line_no, ": '",
                 std::string(line.substr(0, std::min<size_t>(sp, 64))), "' is not base64");
+    // Building the merges costs the square of a token's length; real tokens are at most a few
+    // hundred bytes (o200k_base: 128).
+    constexpr size_t kMaxTokenBytes = 4096;
+    TETRA_CHECK(bytes.size() <= kMaxTokenBytes, source, " line ", line_no, ": a token of ", bytes.size(),
+                " bytes is longer than ", kMaxTokenBytes);
     const std::string_view rank_text = line.substr(sp + 1);
     uint64_t rank = 0;
     TETRA_CHECK(!rank_text.empty() && rank_text.size() <= 10, source, " line ", line_no, ": bad rank");

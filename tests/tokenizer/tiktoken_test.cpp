@@ -75,6 +75,7 @@ TEST(Tiktoken, ParsesRanksAndRejectsMalformedFiles) {
   refuses(good + "AA== 256\n", "the same bytes appear twice");
   refuses(good + "YWI= 257\n", "rank 256 is missing");
   refuses(good + "YWI= 1000000000\n", "rank 1000000000 is out of range");
+  refuses(good + b64(std::string(5000, 'a')) + " 256\n", "a token of 5000 bytes is longer than 4096");
   refuses(model_text({}).substr(model_text({}).find('\n') + 1), "rank 0 is missing");
   refuses("", "has no tokens");
   // Without byte 0x00 some text could not be encoded.
