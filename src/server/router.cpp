@@ -236,7 +236,8 @@ RouteResult dispatch(ServerState& state, const HttpRequest& req) {
                          .body = state.metrics.render(state.has_context() ? &stats : nullptr,
                                                      state.connections.load())}};
   }
-  if (path.rfind("/v1", 0) == 0 && !state.options.api_keys.empty() &&
+  // As vLLM: the key guards /v1/* except OPTIONS (which no route here answers but preflights).
+  if (path.rfind("/v1", 0) == 0 && req.method != "OPTIONS" && !state.options.api_keys.empty() &&
       !api_key_matches(state.options.api_keys, req.authorization)) {
     throw ApiException({.status = 401,
                         .message = req.authorization.empty()

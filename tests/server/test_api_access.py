@@ -47,6 +47,11 @@ class ApiKeyAndNamesTest(unittest.TestCase):
         assert_error(self, status, body, 401)
         status, body, _ = get_json(self.s, "/v1/models", self.auth)
         self.assertEqual(status, 200, body)
+        status, body, _ = get_json(self.s, "/v1/models", {"Authorization": "bearer " + KEY})  # the scheme is case-free
+        self.assertEqual(status, 200, body)
+        # OPTIONS is not checked (vLLM's rule); without a preflight's headers no route takes it.
+        status, _, body = self.s.request("OPTIONS", "/v1/models")
+        self.assertEqual(status, 405, body)
 
     def test_health_metrics_and_version_stay_open(self):
         self.assertEqual(self.s.request("GET", "/health")[0], 200)
