@@ -118,6 +118,17 @@ std::vector<std::string> parse_tiktoken_ranks(std::string_view text, const std::
   return by_rank;
 }
 
+// tokenization_kimi.py's pat_str, alternative by alternative, as its source writes them.
+constexpr const char* kKimiPatStrParts[] = {
+    R"([\p{Han}]+)",
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)",
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)",
+    R"(\p{N}{1,3})",
+    R"( ?[^\s\p{L}\p{N}]+[\r\n]*)",
+    R"(\s*[\r\n]+)",
+    R"(\s+(?!\S))",
+};
+
 const std::string& kimi_pretokenizer_pattern() {
   // tiktoken's \p{Han} is the Script property, while PCRE2's is Script_Extensions (which adds
   // CJK punctuation such as 』); PCRE2 10.42 knows Unicode 14, so the Han extensions of
@@ -188,6 +199,14 @@ Tokenizer load_tiktoken_tokenizer(const std::filesystem::path& dir) {
     kimi = kimi || (*am)["AutoTokenizer"].dump().find("tokenization_kimi") != std::string::npos;
   TETRA_CHECK(kimi, config_path.string(), " names tokenizer class '", cls,
               "'; tiktoken.model is only supported for Kimi's TikTokenTokenizer (its pre-tokenizer is known)");
+  // The folder's own tokenization_kimi.py, when shipped, must hold the pattern used here: a
+  // later Kimi with another pat_str is refused rather than tokenized wrongly.
+  if (const auto py = dir / "tokenization_kimi.py"; std::filesystem::is_regular_file(py)) {
+    const std::string code = read_file(py);
+    for (const char* part : kKimiPatStrParts)
+      TETRA_CHECK(code.find(part) != std::string::npos, py.string(), " has a pat_str without Kimi K2's '", part,
+                  "'; its pre-tokenizer is not the one tetra knows");
+  }
   std::vector<std::string> ranks = parse_tiktoken_ranks(read_file(model_path), model_path.string());
   std::vector<AddedToken> specials = kimi_special_tokens(config, ranks.size(), config_path.string());
   // tokenization_kimi.py: TIKTOKEN_MAX_ENCODE_CHARS and MAX_NO_WHITESPACES_CHARS.

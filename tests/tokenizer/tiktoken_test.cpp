@@ -181,6 +181,31 @@ TEST(Tiktoken, LoadsAFolderWithoutTokenizerJson) {
   EXPECT_EQ(t.config().eos_token, "[EOS]");
   EXPECT_EQ(t.token_to_id("[EOS]"), 258);
   EXPECT_FALSE(t.config().chat_template.empty());
+  // The folder's tokenization_kimi.py, when present, must hold Kimi K2's pat_str.
+  const std::string k2_pat_str = R"PY(    pat_str = "|".join(
+        [
+            r"""[\p{Han}]+""",
+            r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+            r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+            r"""\p{N}{1,3}""",
+            r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+            r"""\s*[\r\n]+""",
+            r"""\s+(?!\S)""",
+            r"""\s+""",
+        ]
+    ))PY";
+  std::ofstream(dir / "tokenization_kimi.py") << k2_pat_str;
+  EXPECT_EQ(Tokenizer::load(dir).encode("hi"), (std::vector<TokenId>{256}));
+  std::string other = k2_pat_str;
+  other.replace(other.find("{1,3}"), 5, "{1,4}");
+  std::ofstream(dir / "tokenization_kimi.py") << other;
+  try {
+    Tokenizer::load(dir);
+    ADD_FAILURE() << "accepted another pat_str";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not the one tetra knows"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(dir / "tokenization_kimi.py");
   // Another tokenizer class: its pattern is unknown, so the folder is refused with a sentence.
   config["tokenizer_class"] = "SomethingElse";
   std::ofstream(dir / "tokenizer_config.json") << config.dump();
