@@ -162,8 +162,8 @@ class ApiKeyAndNamesTest(unittest.TestCase):
             time.sleep(0.05)
         rates = [float(g) for g in re.findall(line, self.s.log_text())]
         self.assertTrue(any(r > 0 for r in rates), self.s.log_text())
-        # Idle: no more lines.
-        time.sleep(0.5)
+        # Idle: no more lines (after a second for the last busy interval's line to come out).
+        time.sleep(1.0)
         n = len(re.findall(line, self.s.log_text()))
         time.sleep(0.6)
         self.assertEqual(len(re.findall(line, self.s.log_text())), n)
