@@ -70,7 +70,7 @@ int cmd_serve(int argc, char** argv) {
   runtime::EngineConfig engine_config;
   double shutdown_timeout = 30, read_timeout = 30;
   int64_t context_length = 0;
-  app.add_option("--model", model_dir, "model folder (config.json, safetensors, tokenizer.json)")->required();
+  app.add_option("--model", model_dir, "model folder (config.json, safetensors, tokenizer.json or tiktoken.model)")->required();
   app.add_option("--host", host, "address to listen on");
   app.add_option("--port", port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
   add_device_flags(app, dev);

@@ -44,7 +44,7 @@ int cmd_tokenize(int argc, char** argv) {
   CLI::App app{"Print the token ids of a text, of each line of a JSONL file, or of a chat"};
   std::string model, text, jsonl, chat;
   bool json = false;
-  app.add_option("--model", model, "model folder with tokenizer.json")->required();
+  app.add_option("--model", model, "model folder with tokenizer.json (or tiktoken.model)")->required();
   auto* text_opt = app.add_option("--text", text, "text to tokenize");
   auto* jsonl_opt = app.add_option("--jsonl", jsonl, "file with one JSON string per line");
   auto* chat_opt = app.add_option("--chat", chat, "JSON file with an array of chat messages");
