@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -42,6 +43,8 @@ int cmd_bench_serving(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // The key for a server started with --api-key, from where vLLM's and SGLang's benchmarks read it.
+  if (const char* key = std::getenv("OPENAI_API_KEY"); key && *key) o.api_key = key;
   if (rate == "inf") {
     o.request_rate = std::numeric_limits<double>::infinity();
   } else {

@@ -86,8 +86,8 @@ int cmd_eval(int argc, char** argv) {
     }
   } else {
 #ifdef TETRA_HAVE_TOKENIZER
-    TETRA_CHECK(std::filesystem::exists(dir / "tokenizer.json"), "--text needs ",
-                (dir / "tokenizer.json").string(), "; use --ids with a model that has none");
+    TETRA_CHECK(tok::has_tokenizer(dir), "--text needs ", (dir / "tokenizer.json").string(),
+                " (or tiktoken.model); use --ids with a model that has none");
     const auto tok = tok::Tokenizer::load(dir);
     for (auto id : tok.encode(read_text(text_file))) tokens.push_back(int32_t(id));
 #else

@@ -83,7 +83,7 @@ int cmd_generate(int argc, char** argv) {
   const ModelConfig file_config = load_model_config(dir);
 #ifdef TETRA_HAVE_TOKENIZER
   std::optional<tok::Tokenizer> tokenizer;
-  if (std::filesystem::exists(dir / "tokenizer.json")) {
+  if (tok::has_tokenizer(dir)) {
     tokenizer = tok::Tokenizer::load(dir);
     check_tokenizer_fits(*tokenizer, file_config, dir);
   }
@@ -94,7 +94,7 @@ int cmd_generate(int argc, char** argv) {
   } else {
 #ifdef TETRA_HAVE_TOKENIZER
     TETRA_CHECK(tokenizer.has_value(), "--prompt needs ", (dir / "tokenizer.json").string(),
-                "; use --prompt-ids with a model that has no tokenizer");
+                " (or tiktoken.model); use --prompt-ids with a model that has no tokenizer");
     for (auto id : tokenizer->encode(prompt, {.add_special_tokens = true})) prompt_tokens.push_back(int32_t(id));
     TETRA_CHECK(!prompt_tokens.empty(), "the prompt encodes to no tokens");
 #else

@@ -61,9 +61,8 @@ int cmd_quantize(int argc, char** argv) {
       }
     } else {
 #ifdef TETRA_HAVE_TOKENIZER
-      TETRA_CHECK(std::filesystem::exists(opt.src / "tokenizer.json"), "--calib needs ",
-                  (opt.src / "tokenizer.json").string(),
-                  " to tokenize the text (or give token ids as a .json list)");
+      TETRA_CHECK(tok::has_tokenizer(opt.src), "--calib needs ", (opt.src / "tokenizer.json").string(),
+                  " (or tiktoken.model) to tokenize the text (or give token ids as a .json list)");
       for (auto id : tok::Tokenizer::load(opt.src).encode(text.str())) tokens.push_back(int32_t(id));
 #else
       fail("--calib with a text needs a build with the tokenizer (or give token ids as a .json list)");

@@ -12,15 +12,18 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "commands.h"
 #include "device_options.h"
 #include "progress.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "formats/generation_config.h"
 #include "formats/model_config.h"
 #include "model/model.h"
 #include "runtime/engine.h"
+#include "server/access_control.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer_check.h"
@@ -107,13 +110,18 @@ void raise_fd_limit() {
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"Serve a model over an OpenAI-compatible HTTP API.", "tetra serve"};
   app.option_defaults()->always_capture_default();
-  std::string model_dir, host = "127.0.0.1", kv_memory, served_name, generation_config = "auto";
+  std::string model_dir, host = "127.0.0.1", kv_memory, generation_config = "auto";
+  std::vector<std::string> served_names, api_keys;
+  std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";
+  bool allow_credentials = false, disable_log_requests = false, disable_log_stats = false;
+  double log_stats_interval = 10;
+  std::string log_level = "info";
   DeviceFlags dev;
   int port = 30000, tp = 1, ep = 1, http_threads = 2;
   runtime::EngineConfig engine_config;
   double shutdown_timeout = 30, read_timeout = 30;
   int64_t context_length = 0;
-  app.add_option("--model", model_dir, "model folder (config.json, safetensors, tokenizer.json)")->required();
+  app.add_option("--model", model_dir, "model folder (config.json, safetensors, tokenizer.json or tiktoken.model)")->required();
   app.add_option("--host", host, "address to listen on");
   app.add_option("--port", port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
   add_device_flags(app, dev);
@@ -147,7 +155,21 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--generation-config", generation_config,
                  "sampling defaults for requests that set none: auto (the model's generation_config.json), "
                  "vllm (none), or a folder holding a generation_config.json");
-  app.add_option("--served-model-name", served_name, "model name in the API (default: the folder name)");
+  app.add_option("--served-model-name", served_names,
+                 "model names the API answers to; the first is the one responses carry (default: the folder name)");
+  app.add_option("--api-key", api_keys, "keys one of which /v1/* requests must send as 'Authorization: Bearer KEY'")
+      ->envname("TETRA_API_KEY");
+  app.add_option("--allowed-origins", allowed_origins,
+                 "CORS origins, a JSON list or comma list (\"*\": any); default none: no CORS");
+  app.add_option("--allowed-methods", allowed_methods, "CORS methods, a JSON list or comma list (default *)");
+  app.add_option("--allowed-headers", allowed_headers, "CORS request headers, a JSON list or comma list (default *)");
+  app.add_flag("--allow-credentials", allow_credentials, "CORS: allow credentials");
+  app.add_flag("--disable-log-requests", disable_log_requests, "no access line per request");
+  app.add_flag("--disable-log-stats", disable_log_stats, "no periodic throughput line");
+  app.add_option("--log-stats-interval", log_stats_interval, "seconds between throughput lines while busy")
+      ->check(CLI::Range(0.05, 86400.0));
+  app.add_option("--log-level", log_level, "debug, info, warning or error (warning: no access or throughput lines)")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
   app.add_option("--tp", tp, "tensor-parallel size")->check(CLI::Range(1, 64));
   app.add_option("--ep", ep, "expert-parallel size")->check(CLI::Range(1, 64));
   app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 256));
@@ -164,8 +186,8 @@ int cmd_serve(int argc, char** argv) {
   TETRA_CHECK(ep == 1, "--ep ", ep, " is not supported yet; tetra serve runs on one device (--ep 1)");
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
-  TETRA_CHECK(std::filesystem::exists(dir / "tokenizer.json"), "tetra serve needs ",
-              (dir / "tokenizer.json").string(), " to turn text into tokens");
+  TETRA_CHECK(tok::has_tokenizer(dir), "tetra serve needs ", (dir / "tokenizer.json").string(),
+              " (or tiktoken.model) to turn text into tokens");
   if (!kv_memory.empty()) engine_config.kv_memory_bytes = parse_bytes(kv_memory);
   engine_config.max_context = context_length;
   // Every flag is checked against the model's files before the server listens.
@@ -184,8 +206,21 @@ int cmd_serve(int argc, char** argv) {
     engine_config.testing_fail_step = n;
     std::fprintf(stderr, "tetra serve: TETRA_TESTING_FAIL_STEP=%lld: step %lld will fail (testing)\n", n, n);
   }
-  if (served_name.empty()) served_name = std::filesystem::absolute(dir).lexically_normal().filename().string();
-  if (served_name.empty()) served_name = std::filesystem::absolute(dir).parent_path().filename().string();
+  set_log_level(log_level == "debug"     ? LogLevel::Debug
+                : log_level == "info"    ? LogLevel::Info
+                : log_level == "warning" ? LogLevel::Warn
+                                         : LogLevel::Error);
+  for (const auto& name : served_names) TETRA_CHECK(!name.empty(), "--served-model-name must not be empty");
+  for (const auto& key : api_keys) TETRA_CHECK(!key.empty(), "--api-key must not be empty");
+  if (served_names.empty()) {
+    std::string name = std::filesystem::absolute(dir).lexically_normal().filename().string();
+    if (name.empty()) name = std::filesystem::absolute(dir).parent_path().filename().string();
+    served_names.push_back(name);
+  }
+  server::CorsOptions cors{.allow_credentials = allow_credentials};
+  if (!allowed_origins.empty()) cors.origins = server::parse_list_flag("--allowed-origins", allowed_origins);
+  cors.methods = server::parse_list_flag("--allowed-methods", allowed_methods);
+  cors.headers = server::parse_list_flag("--allowed-headers", allowed_headers);
   raise_fd_limit();
 
   // The device answers (or the command ends with one sentence) before the server listens.
@@ -201,7 +236,12 @@ int cmd_serve(int argc, char** argv) {
                                            .port = port,
                                            .http_threads = http_threads,
                                            .shutdown_timeout_s = shutdown_timeout,
-                                           .read_timeout_s = read_timeout});
+                                           .read_timeout_s = read_timeout,
+                                           .api_keys = api_keys,
+                                           .cors = cors,
+                                           .log_requests = !disable_log_requests,
+                                           .log_stats_interval_s = disable_log_stats ? 0.0 : log_stats_interval,
+                                           .version = version_string()});
   srv.start();
   std::fprintf(stderr, "tetra serve: listening on http://%s:%d, loading %s\n", host.c_str(), srv.port(),
                dir.string().c_str());
@@ -228,13 +268,13 @@ int cmd_serve(int argc, char** argv) {
                                                                : mc.max_position_embeddings;
   srv.set_ready({.engine = &engine,
                  .tokenizer = &tokenizer,
-                 .model_name = served_name,
+                 .model_names = served_names,
                  .max_context = max_context,
                  .vocab_size = mc.vocab_size,
                  .sampling_defaults = defaults});
   const runtime::EngineStats stats = engine.stats();
   std::fprintf(stderr, "tetra serve: ready: %s, context %lld tokens, %lld KV blocks, http://%s:%d/v1\n",
-               served_name.c_str(), static_cast<long long>(max_context),
+               served_names.front().c_str(), static_cast<long long>(max_context),
                static_cast<long long>(stats.kv_blocks_total), host.c_str(), srv.port());
 
   const int rc = srv.wait();

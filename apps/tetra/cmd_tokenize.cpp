@@ -46,7 +46,7 @@ int cmd_tokenize(int argc, char** argv) {
   app.option_defaults()->always_capture_default();
   std::string model, text, jsonl, chat;
   bool json = false, add_special = true;
-  app.add_option("--model", model, "model folder with tokenizer.json")->required();
+  app.add_option("--model", model, "model folder with tokenizer.json (or tiktoken.model)")->required();
   auto* text_opt = app.add_option("--text", text, "text to tokenize");
   auto* jsonl_opt = app.add_option("--jsonl", jsonl, "file with one JSON string per line");
   auto* chat_opt = app.add_option("--chat", chat, "JSON file with an array of chat messages");

@@ -45,12 +45,16 @@ void print_usage(FILE* out) {
   std::fprintf(out, "usage: tetra <command> [options]\n\ncommands:\n");
   for (const Command& c : kCommands)
     if (c.run) std::fprintf(out, "  %-16s %s\n", c.name, c.summary);
-  std::fprintf(out, "\n`tetra <command> --help` describes a command's options.\n");
+  std::fprintf(out, "\n`tetra <command> --help` describes a command's options; `tetra --version` the build.\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V"))) {
+    std::printf("tetra %s\n", tetra::cli::version_string().c_str());
+    return 0;
+  }
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

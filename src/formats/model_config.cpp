@@ -65,6 +65,11 @@ const FamilyDefaults kFamilies[] = {
   {"deepseek_v3",   ModelFamily::DeepseekV3,  true,  129280, 7168, 18432, 61, 128, 128,
    4096,   1e-6, 1e4, 1.0,  2048, 256, 8, 1, 2.5, 8, 4, 3, true,
    1536, 512, 128, 64, 128,  0, 0, 0,  1, 0, 1},
+  // Kimi K2 publishes a DeepSeek-V3 architecture under its own model_type (its remote code is
+  // DeepSeek's DeepseekV3Config and modeling); its config.json sets every field itself.
+  {"kimi_k2",       ModelFamily::DeepseekV3,  true,  129280, 7168, 18432, 61, 128, 128,
+   4096,   1e-6, 1e4, 1.0,  2048, 256, 8, 1, 2.5, 8, 4, 3, true,
+   1536, 512, 128, 64, 128,  0, 0, 0,  1, 0, 1},
   {"glm4_moe_lite", ModelFamily::Glm4MoeLite, true,  154880, 2048, 10240, 47, 20,  20,
    202752, 1e-5, 1e4, 1.0,  1536, 64,  4, 1, 1.8, 1, 1, 1, true,
    768, 512, 192, 64, 256,  0, 0, 0,  0, 0, 1},

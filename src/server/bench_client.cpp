@@ -94,6 +94,7 @@ StreamRequest::StreamRequest(Runner& runner, size_t index)
   req_.set(http::field::host, runner.target.host);
   req_.set(http::field::content_type, "application/json");
   req_.set(http::field::accept, "text/event-stream");
+  if (!runner.target.api_key.empty()) req_.set(http::field::authorization, "Bearer " + runner.target.api_key);
   req_.keep_alive(false);
   req_.body() = runner.bodies[index];
   req_.prepare_payload();
@@ -241,6 +242,7 @@ std::string bench_http_get(const BenchTarget& target, const std::string& path) {
   TETRA_CHECK(!ec, "cannot connect to ", target.host, ":", target.port, ": ", ec.message());
   http::request<http::empty_body> req{http::verb::get, path, 11};
   req.set(http::field::host, target.host);
+  if (!target.api_key.empty()) req.set(http::field::authorization, "Bearer " + target.api_key);
   http::write(stream, req, ec);
   beast::flat_buffer buffer;
   http::response<http::string_body> res;

@@ -68,7 +68,8 @@ BenchReport run_bench_serving(const BenchOptions& o) {
   TETRA_CHECK(o.request_rate > 0, "--request-rate must be positive (inf: all at once)");
   TETRA_CHECK(o.prompt_format == "auto" || o.prompt_format == "ids" || o.prompt_format == "text",
               "--prompt-format must be ids, text or auto");
-  const BenchTarget target = parse_bench_url(o.url);
+  BenchTarget target = parse_bench_url(o.url);
+  target.api_key = o.api_key;
 
   BenchReport report;
   report.options = o;

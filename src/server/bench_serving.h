@@ -27,6 +27,7 @@ struct BenchOptions {
   std::string prompt_format = "auto";  // ids | text | auto (ids unless the server refuses them)
   int64_t vocab_size = 0;              // 0: from /v1/models, else 32000
   double timeout_s = 3600;             // per request
+  std::string api_key;                 // sent as "Authorization: Bearer KEY" when set
 };
 
 // One request as the client saw it.
@@ -54,6 +55,7 @@ void print_bench_report(const BenchReport& report, FILE* out);
 // The transport (bench_client.cpp): one streamed POST, timed.
 struct BenchTarget {
   std::string host, port, models_path, completions_path;
+  std::string api_key;  // empty: no Authorization header
 };
 BenchTarget parse_bench_url(const std::string& url);
 // A plain GET; returns the body of a 200 response or throws tetra::Error.

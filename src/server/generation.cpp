@@ -35,7 +35,7 @@ Generation::Generation(ServerState& state, GenerationRequest request, std::vecto
   header_ = {.endpoint = request_.endpoint,
              .id = make_id(request_.endpoint),
              .created = int64_t(std::time(nullptr)),
-             .model = state.context.model_name};
+             .model = state.context.model_names.front()};
   choices_.resize(size_t(request_.n));
   for (Choice& c : choices_) {
     c.text = std::make_unique<TextStream>(*state.context.tokenizer, request_.stop, request_.skip_special_tokens);
@@ -144,7 +144,11 @@ void Generation::handle(int index, const runtime::RequestOutput& out) {
                      : std::chrono::duration<double>(now - c.last_token).count() / double(out.tokens.size());
   const bool had_previous = c.completion_tokens > 0;
   for (const runtime::TokenOutput& t : out.tokens) {
-    if (c.completion_tokens == 0) state_.metrics.observe_ttft(seconds_since(arrival_));
+    if (c.completion_tokens == 0) {
+      const double ttft = seconds_since(arrival_);
+      state_.metrics.observe_ttft(ttft);
+      if (ttft_s_ < 0) ttft_s_ = ttft;
+    }
     else if (had_previous) state_.metrics.observe_inter_token(gap);
     ++c.completion_tokens;
     const int64_t offset = int64_t(c.full_text.size() + delta.size());
@@ -245,6 +249,17 @@ void Generation::client_gone() {
     if (!c.finish) c.finish = "abort";
   }
   release();
+}
+
+Generation::Summary Generation::summary() const {
+  Summary s{.id = header_.id, .prompt_tokens = int64_t(prompt_.size()), .ttft_s = ttft_s_, .arrival = arrival_};
+  for (const Choice& c : choices_) {
+    s.generated_tokens += c.completion_tokens;
+    if (!c.finish || s.finish.find(c.finish) != std::string::npos) continue;
+    if (!s.finish.empty()) s.finish += ',';
+    s.finish += c.finish;
+  }
+  return s;
 }
 
 void Generation::release() {

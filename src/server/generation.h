@@ -45,6 +45,16 @@ class Generation : public std::enable_shared_from_this<Generation> {
   // The response was written or abandoned: the drain stops waiting for it. Idempotent.
   void release();
 
+  // What the access log says of this request (on the strand).
+  struct Summary {
+    std::string id;
+    int64_t prompt_tokens = 0, generated_tokens = 0;
+    double ttft_s = -1;  // negative: no token came
+    std::string finish;  // the choices' finish reasons, comma-separated
+    Clock::time_point arrival;
+  };
+  Summary summary() const;
+
  private:
   struct Choice {
     uint64_t request_id = 0;
@@ -78,6 +88,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   ResponseHeader header_;
   std::vector<Choice> choices_;
   int64_t cached_tokens_ = 0;
+  double ttft_s_ = -1;
 
   std::mutex mutex_;              // guards pending_, scheduled_, post_, overflow_
   std::deque<Pending> pending_;   // outputs from the engine thread, not yet handled

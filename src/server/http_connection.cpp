@@ -10,6 +10,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/log.h"
+#include "server/access_control.h"
+#include "server/access_log.h"
 #include "server/generation.h"
 #include "server/router.h"
 
@@ -40,6 +43,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   void do_read() {
     if (closed_) return;
+    cors_headers_.clear();  // a 413 or 431 for the next request must not carry this one's
     parser_.emplace();
     parser_->header_limit(uint32_t(state_.options.max_header_bytes));
     parser_->body_limit(state_.options.max_body_bytes);
@@ -71,8 +75,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     HttpRequest req{.method = std::string(msg.method_string()),
                     .target = std::string(msg.target()),
                     .content_type = std::string(msg[http::field::content_type]),
+                    .authorization = std::string(msg[http::field::authorization]),
+                    .origin = std::string(msg[http::field::origin]),
+                    .access_control_request_method = std::string(msg[http::field::access_control_request_method]),
+                    .access_control_request_headers = std::string(msg[http::field::access_control_request_headers]),
                     .body = std::move(msg.body()),
                     .arrival = Clock::now()};
+    cors_headers_ = req.method == "OPTIONS" ? HeaderList{} : cors_response_headers(state_.options.cors, req.origin);
+    const std::string path = req.target.substr(0, req.target.find('?'));
+    logged_ = {.method = req.method, .path = path, .arrival = req.arrival,
+               .enabled = state_.options.log_requests && path != "/health" && path != "/metrics"};
     RouteResult r = route(state_, req);
     if (r.generation) return start_generation(std::move(r.generation));
     write_response(std::move(r.response));
@@ -90,6 +102,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     res->set(http::field::server, "tetra");
     res->set(http::field::content_type, r.content_type);
     for (auto& [k, v] : r.headers) res->set(k, v);
+    for (auto& [k, v] : cors_headers_) res->set(k, v);
     const bool keep = keep_alive_ && !r.close && state_.phase.load() != Phase::Draining;
     res->keep_alive(keep);
     res->body() = std::move(r.body);
@@ -97,9 +110,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     state_.metrics.count_response(r.status);
     stream_.expires_after(to_ms(state_.options.write_timeout_s));
     const bool linger = r.close;
+    const int status = r.status;
     writing_ = true;
-    http::async_write(stream_, *res, [self = shared_from_this(), res, keep, linger](beast::error_code ec, size_t) {
+    http::async_write(stream_, *res, [self = shared_from_this(), res, keep, linger, status](beast::error_code ec, size_t) {
       self->writing_ = false;
+      self->log_access(status);
       if (!ec && linger) return self->linger_close();
       if (ec || !keep) return self->close();
       self->after_response();
@@ -153,6 +168,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       state_.metrics.count_response(200);
       frame = "HTTP/1.1 200 OK\r\nServer: tetra\r\nContent-Type: text/event-stream\r\n"
               "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+      for (auto& [k, v] : cors_headers_) frame += k + ": " + v + "\r\n";
       frame += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     }
     if (!data.empty()) {
@@ -173,6 +189,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (ec || !self->gen_) return self->client_left();
       if (!done) return self->pump();
       self->end_generation();
+      self->log_access(200);
       if (!self->keep_alive_ || self->state_.phase.load() == Phase::Draining) return self->close();
       self->after_response();
     });
@@ -205,7 +222,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void client_left() {
     if (gen_) {
       gen_->client_gone();
+      summary_ = gen_->summary();
       gen_.reset();
+      log_access(head_sent_ ? 200 : 499);  // 499: the client left before any answer (nginx's code)
     }
     hold_.reset();
     close();
@@ -213,6 +232,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void end_generation() {
     if (!gen_) return;
+    summary_ = gen_->summary();
     gen_->release();
     gen_.reset();
     head_sent_ = false;
@@ -227,6 +247,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     do_read();
+  }
+
+  // Once per request, after its last byte was handed to the socket (or the client left).
+  void log_access(int status) {
+    if (!logged_.enabled || log_level() > LogLevel::Info) {
+      summary_.reset();
+      return;
+    }
+    logged_.enabled = false;
+    AccessRecord r{.method = logged_.method, .path = logged_.path, .status = status,
+                   .total_s = seconds_since(logged_.arrival)};
+    if (summary_) {
+      r.request_id = summary_->id;
+      r.prompt_tokens = summary_->prompt_tokens;
+      r.generated_tokens = summary_->generated_tokens;
+      r.ttft_s = summary_->ttft_s;
+      r.finish = summary_->finish;
+      summary_.reset();
+    }
+    std::fprintf(stderr, "tetra serve: %s\n", format_access_line(r).c_str());
   }
 
   void close() {
@@ -244,6 +284,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<Generation> gen_;
   std::shared_ptr<Connection> hold_;
   std::string out_;
+  HeaderList cors_headers_;  // of the request being answered
+  struct {
+    std::string method, path;
+    Clock::time_point arrival;
+    bool enabled = false;  // set per request; cleared once its line is written
+  } logged_;
+  std::optional<Generation::Summary> summary_;
   char discard_buf_[4096];
   bool keep_alive_ = true;
   bool head_sent_ = false;

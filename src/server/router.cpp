@@ -1,12 +1,14 @@
 #include "server/router.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <utility>
 
 #include "core/error.h"
+#include "server/access_control.h"
 #include "server/generation.h"
 #include "tokenizer/chat_template.h"
 
@@ -42,12 +44,41 @@ HttpResponse health(const ServerState& state) {
   }
 }
 
+json model_object(const ServingContext& ctx, const std::string& name) {
+  return {{"id", name}, {"object", "model"}, {"created", int64_t(std::time(nullptr))}, {"owned_by", "tetra"},
+          {"root", ctx.model_names.front()}, {"max_model_len", ctx.max_context}, {"vocab_size", ctx.vocab_size}};
+}
+
+ApiError model_not_found(const std::string& name) {
+  return {.status = 404,
+          .message = "The model `" + name.substr(0, 256) + "` does not exist.",
+          .param = "model",
+          .code = "model_not_found"};
+}
+
 HttpResponse models(const ServerState& state) {
   if (!state.has_context()) throw ApiException(unavailable_error("the model is loading"));
-  const ServingContext& ctx = state.context;
-  json model = {{"id", ctx.model_name}, {"object", "model"}, {"created", int64_t(std::time(nullptr))},
-                {"owned_by", "tetra"}, {"max_model_len", ctx.max_context}, {"vocab_size", ctx.vocab_size}};
-  return json_response(200, {{"object", "list"}, {"data", json::array({model})}});
+  json data = json::array();
+  for (const auto& name : state.context.model_names) data.push_back(model_object(state.context, name));
+  return json_response(200, {{"object", "list"}, {"data", data}});
+}
+
+// GET /v1/models/{id}: the id may hold slashes ("org/name") and is percent-decoded.
+HttpResponse model(const ServerState& state, std::string_view id) {
+  if (!state.has_context()) throw ApiException(unavailable_error("the model is loading"));
+  std::string name;
+  for (size_t i = 0; i < id.size(); ++i) {
+    if (id[i] == '%' && i + 2 < id.size() && std::isxdigit(static_cast<unsigned char>(id[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(id[i + 2]))) {
+      name += char(std::stoi(std::string(id.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      name += id[i];
+    }
+  }
+  const auto& names = state.context.model_names;
+  if (std::find(names.begin(), names.end(), name) == names.end()) throw ApiException(model_not_found(name));
+  return json_response(200, model_object(state.context, name));
 }
 
 void append_ids(std::vector<int32_t>& ids, const tok::Tokenizer& t, std::string_view text, bool specials) {
@@ -144,6 +175,10 @@ RouteResult generate(ServerState& state, const HttpRequest& http, Endpoint endpo
   const ServingContext& ctx = state.context;
   SchemaLimits limits{.vocab_size = ctx.vocab_size};
   GenerationRequest request = parse_generation_request(endpoint, body, limits);
+  // A request without `model` gets the first served name, as vLLM does.
+  if (!request.model.empty() && std::find(ctx.model_names.begin(), ctx.model_names.end(), request.model) ==
+                                    ctx.model_names.end())
+    throw ApiException(model_not_found(request.model));
   apply_sampling_defaults(ctx.sampling_defaults, body, request);
   if (!request.ignored_fields.empty()) {
     // Bounded: a body of a million unknown keys must not become a million-key log line.
@@ -185,9 +220,20 @@ RouteResult dispatch(ServerState& state, const HttpRequest& req) {
     if (req.method != m)
       throw ApiException({.status = 405, .message = "use " + std::string(m) + " for " + path});
   };
+  // A CORS preflight is answered before the key check: browsers send it without credentials.
+  if (req.method == "OPTIONS" && !req.origin.empty() && !req.access_control_request_method.empty()) {
+    PreflightAnswer a = cors_preflight(state.options.cors, req.origin, req.access_control_request_method,
+                                       req.access_control_request_headers);
+    if (!a.allowed) throw ApiException({.status = 400, .message = a.refusal});
+    return {HttpResponse{.content_type = "text/plain", .body = "OK", .headers = std::move(a.headers)}};
+  }
   if (path == "/health") {
     method_is("GET");
     return {health(state)};
+  }
+  if (path == "/version") {  // vLLM's; open like /health
+    method_is("GET");
+    return {json_response(200, {{"version", state.options.version}})};
   }
   if (path == "/metrics") {
     method_is("GET");
@@ -197,9 +243,23 @@ RouteResult dispatch(ServerState& state, const HttpRequest& req) {
                          .body = state.metrics.render(state.has_context() ? &stats : nullptr,
                                                      state.connections.load())}};
   }
+  // As vLLM: the key guards /v1/* except OPTIONS (which no route here answers but preflights).
+  if (path.rfind("/v1", 0) == 0 && req.method != "OPTIONS" && !state.options.api_keys.empty() &&
+      !api_key_matches(state.options.api_keys, req.authorization)) {
+    throw ApiException({.status = 401,
+                        .message = req.authorization.empty()
+                                       ? "You didn't provide an API key. Send it in an Authorization header "
+                                         "(Authorization: Bearer YOUR_KEY)."
+                                       : "Incorrect API key provided.",
+                        .code = "invalid_api_key"});
+  }
   if (path == "/v1/models") {
     method_is("GET");
     return {models(state)};
+  }
+  if (path.rfind("/v1/models/", 0) == 0) {
+    method_is("GET");
+    return {model(state, std::string_view(path).substr(std::string_view("/v1/models/").size()))};
   }
   if (path == "/v1/completions") {
     method_is("POST");
@@ -217,6 +277,7 @@ RouteResult dispatch(ServerState& state, const HttpRequest& req) {
 HttpResponse error_response(const ApiError& e) {
   HttpResponse r{.status = e.status, .body = error_body(e)};
   if (e.status == 429 || e.status == 503) r.headers.emplace_back("Retry-After", "1");
+  if (e.status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer");
   return r;
 }
 

@@ -19,6 +19,10 @@ struct HttpRequest {
   std::string method;
   std::string target;
   std::string content_type;
+  std::string authorization;
+  std::string origin;                          // CORS
+  std::string access_control_request_method;   // set on a CORS preflight
+  std::string access_control_request_headers;
   std::string body;
   Clock::time_point arrival;
 };

@@ -17,6 +17,8 @@
 #include <boost/asio/strand.hpp>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "server/access_log.h"
 #include "server/http_connection.h"
 
 namespace tetra::server {
@@ -28,14 +30,15 @@ struct Server::Impl {
   explicit Impl(ServerOptions o)
       : state(std::move(o)), ioc(std::max(1, state.options.http_threads)), control(net::make_strand(ioc)),
         acceptor(ioc), signals(control), drain_timer(control), poll_timer(control), fault_timer(control),
-        accept_retry(ioc) {}
+        stats_timer(control), accept_retry(ioc) {}
 
   ServerState state;
   net::io_context ioc;
   net::strand<net::io_context::executor_type> control;  // serializes the drain's handlers
   tcp::acceptor acceptor;
   net::signal_set signals;
-  net::steady_timer drain_timer, poll_timer, fault_timer, accept_retry;
+  net::steady_timer drain_timer, poll_timer, fault_timer, stats_timer, accept_retry;
+  ThroughputSample last_sample;
   std::vector<std::thread> threads;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
 
@@ -46,6 +49,7 @@ struct Server::Impl {
   bool aborted = false;
   Clock::time_point aborted_at;
   int exit_code = 0;  // read by wait() after the I/O threads are joined
+  Clock::time_point started = Clock::now();
 
   void do_accept() {
     acceptor.async_accept(net::make_strand(ioc), [this](boost::system::error_code ec, tcp::socket socket) {
@@ -126,6 +130,21 @@ struct Server::Impl {
     });
   }
 
+  void log_stats() {
+    const double interval = state.options.log_stats_interval_s;
+    stats_timer.expires_after(std::chrono::milliseconds(int64_t(interval * 1000)));
+    stats_timer.async_wait([this](boost::system::error_code ec) {
+      if (ec || draining) return;
+      const runtime::EngineStats stats = state.context.engine->stats();
+      const ThroughputSample now{.t_s = seconds_since(started), .prompt_tokens = stats.prompt_tokens,
+                                 .generated_tokens = stats.generated_tokens};
+      const std::string line = format_throughput_line(last_sample, now, stats);
+      if (!line.empty() && log_level() <= LogLevel::Info) std::fprintf(stderr, "tetra serve: %s\n", line.c_str());
+      last_sample = now;
+      log_stats();
+    });
+  }
+
   void abort_all() {
     if (aborted) return;
     aborted = true;
@@ -191,7 +210,15 @@ void Server::set_ready(ServingContext context) {
   s.context_set.store(true, std::memory_order_release);
   Phase expected = Phase::Loading;
   s.phase.compare_exchange_strong(expected, Phase::Ready);
-  net::post(impl_->control, [m = impl_.get()] { m->watch_engine(); });
+  net::post(impl_->control, [m = impl_.get()] {
+    m->watch_engine();
+    if (m->state.options.log_stats_interval_s > 0) {
+      const runtime::EngineStats stats = m->state.context.engine->stats();
+      m->last_sample = {.t_s = seconds_since(m->started), .prompt_tokens = stats.prompt_tokens,
+                        .generated_tokens = stats.generated_tokens};
+      m->log_stats();
+    }
+  });
 }
 
 bool Server::stopping() const { return impl_->state.phase.load() == Phase::Draining; }

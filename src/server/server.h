@@ -7,8 +7,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/engine.h"
+#include "server/access_control.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tetra::server {
@@ -24,6 +26,11 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;    // larger bodies: 413, read no further
   size_t max_header_bytes = 16u << 10; // larger headers: 431
   int max_connections = 16384;         // beyond it new connections are closed at once
+  std::vector<std::string> api_keys;   // non-empty: /v1/* needs "Authorization: Bearer <one of them>"
+  CorsOptions cors;                    // origins empty: no CORS headers, preflights refused
+  bool log_requests = true;            // one access line per request (not /health, /metrics)
+  double log_stats_interval_s = 10;    // throughput line while busy; 0: never
+  std::string version;                 // GET /version answers {"version": this}
 };
 
 // Sampling values for requests that set none: the model's generation_config.json, as vLLM's
@@ -37,7 +44,7 @@ struct SamplingDefaults {
 struct ServingContext {
   runtime::Engine* engine = nullptr;
   const tok::Tokenizer* tokenizer = nullptr;
-  std::string model_name;
+  std::vector<std::string> model_names;  // --served-model-name; the first is the one responses carry
   int64_t max_context = 0;  // prompt + generated tokens per sequence
   int64_t vocab_size = 0;   // the model's (embedding) vocabulary
   SamplingDefaults sampling_defaults;

@@ -110,6 +110,37 @@ BpeModel BpeModel::from_json(const nlohmann::json& model) {
   return bpe;
 }
 
+BpeModel BpeModel::from_ranks(const std::vector<std::string>& rank_bytes) {
+  const ByteLevelTable& table = byte_level_table();
+  BpeModel bpe;
+  bpe.byte_ids_.fill(-1);
+  bpe.vocab_.reserve(rank_bytes.size());
+  std::unordered_map<std::string_view, TokenId> by_bytes;
+  by_bytes.reserve(rank_bytes.size());
+  for (size_t r = 0; r < rank_bytes.size(); ++r) {
+    std::string token;  // the byte-level spelling, as tokenizer.json's vocab writes it
+    for (unsigned char b : rank_bytes[r]) token += table.byte_to_utf8[b];
+    bpe.vocab_.emplace(std::move(token), TokenId(r));
+    by_bytes.emplace(rank_bytes[r], TokenId(r));
+    if (rank_bytes[r].size() == 1) bpe.byte_ids_[static_cast<unsigned char>(rank_bytes[r][0])] = TokenId(r);
+  }
+  bpe.max_id_ = TokenId(rank_bytes.size()) - 1;
+  for (int b = 0; b < 256; ++b)
+    TETRA_CHECK(bpe.byte_ids_[b] >= 0, "tiktoken model: the single byte ", b, " is not a token");
+  bpe.merges_.reserve(rank_bytes.size() * 4);
+  for (size_t r = 0; r < rank_bytes.size(); ++r) {
+    const std::string_view t = rank_bytes[r];
+    for (size_t k = 1; k < t.size(); ++k) {
+      auto l = by_bytes.find(t.substr(0, k));
+      if (l == by_bytes.end()) continue;
+      auto rt = by_bytes.find(t.substr(k));
+      if (rt == by_bytes.end()) continue;
+      bpe.merges_.insert(l->second, rt->second, {uint32_t(r), TokenId(r)});
+    }
+  }
+  return bpe;
+}
+
 // Short pieces (nearly all of them): keep the rank of each adjacent pair in an array and scan
 // it for the minimum; the scan is cheaper than a heap below a few hundred symbols.
 size_t BpeModel::merge_small(TokenId* sym, size_t n) const {

@@ -57,6 +57,10 @@ class BpeModel {
   // Parses a tokenizer.json `model` object of type BPE; throws tetra::Error for anything
   // this engine does not implement (dropout, byte_fallback, subword prefixes, ...).
   static BpeModel from_json(const nlohmann::json& model);
+  // A tiktoken model: token id = rank, and a merge (a, b) of rank(a+b) for every way of
+  // splitting a token into two tokens (see tiktoken.cpp). `rank_bytes[r]`: the bytes of rank r;
+  // every single byte must be among them.
+  static BpeModel from_ranks(const std::vector<std::string>& rank_bytes);
 
   // Appends the ids of one piece of raw bytes (already pre-tokenized) to `out`.
   void encode_piece(std::string_view bytes, std::vector<TokenId>& out) const;

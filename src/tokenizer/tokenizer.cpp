@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tokenizer/tiktoken.h"
 #include "tokenizer/utf8.h"
 
 namespace tetra::tok {
@@ -107,24 +108,7 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
         t.added_.push_back(std::move(tok));
       }
     }
-    t.id_to_token_.assign(n_ids, std::string());
-    t.id_bytes_.assign(n_ids, std::string());
-    t.id_flags_.assign(n_ids, 0);
-    for (const auto& [token, id] : t.bpe_.vocab()) {
-      t.id_to_token_[id] = token;
-      t.id_flags_[id] = kKnown;
-    }
-    for (size_t k = 0; k < t.added_.size(); ++k) {
-      const AddedToken& a = t.added_[k];
-      t.id_to_token_[a.id] = a.content;
-      t.id_flags_[a.id] = kKnown | (a.special ? kSpecial : 0);
-      if (a.normalized)
-        t.normalized_matcher_.add(t.normalizer_.apply(a.content), static_cast<int>(k));
-      else
-        t.raw_matcher_.add(a.content, static_cast<int>(k));
-    }
-    for (size_t id = 0; id < n_ids; ++id)
-      if (t.id_flags_[id]) t.id_bytes_[id] = byte_level_decode(t.id_to_token_[id]);
+    t.index_tokens(n_ids);
     t.post_processor_ = parse_post_processor(j.value("post_processor", json()), source);
     for (const auto* ids : {&t.post_processor_.prefix, &t.post_processor_.suffix})
       for (TokenId id : *ids)
@@ -135,6 +119,47 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
   } catch (const json::exception& e) {
     fail(source, " has an unexpected structure (", e.what(), ")");
   }
+}
+
+void Tokenizer::index_tokens(size_t n_ids) {
+  id_to_token_.assign(n_ids, std::string());
+  id_bytes_.assign(n_ids, std::string());
+  id_flags_.assign(n_ids, 0);
+  for (const auto& [token, id] : bpe_.vocab()) {
+    id_to_token_[id] = token;
+    id_flags_[id] = kKnown;
+  }
+  for (size_t k = 0; k < added_.size(); ++k) {
+    const AddedToken& a = added_[k];
+    id_to_token_[a.id] = a.content;
+    id_flags_[a.id] = kKnown | (a.special ? kSpecial : 0);
+    if (a.normalized)
+      normalized_matcher_.add(normalizer_.apply(a.content), static_cast<int>(k));
+    else
+      raw_matcher_.add(a.content, static_cast<int>(k));
+  }
+  for (size_t id = 0; id < n_ids; ++id)
+    if (id_flags_[id]) id_bytes_[id] = byte_level_decode(id_to_token_[id]);
+}
+
+Tokenizer Tokenizer::from_tiktoken(const std::vector<std::string>& rank_bytes, std::vector<AddedToken> specials,
+                                   const std::string& pattern, TextChunking chunking) {
+  Tokenizer t;
+  t.chunking_ = chunking;
+  t.bpe_ = BpeModel::from_ranks(rank_bytes);
+  t.pre_tokenizer_ = PreTokenizer::from_json(
+      {{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}});
+  size_t n_ids = rank_bytes.size();
+  for (AddedToken& a : specials) {
+    TETRA_CHECK(a.id >= TokenId(rank_bytes.size()) && a.id < (1 << 30) && !a.content.empty() &&
+                    utf8_is_valid(a.content),
+                "special token ", a.id, " overlaps the ranks or has empty or invalid content");
+    a.normalized = a.lstrip = a.rstrip = a.single_word = false;
+    n_ids = std::max(n_ids, size_t(a.id) + 1);
+  }
+  t.added_ = std::move(specials);
+  t.index_tokens(n_ids);
+  return t;
 }
 
 TokenizerConfig parse_tokenizer_config(std::string_view text, const std::string& source) {
@@ -180,10 +205,16 @@ TokenizerConfig parse_tokenizer_config(std::string_view text, const std::string&
   return c;
 }
 
+bool has_tokenizer(const std::filesystem::path& dir) {
+  return std::filesystem::is_regular_file(dir / "tokenizer.json") || std::filesystem::is_regular_file(dir / "tiktoken.model");
+}
+
 Tokenizer Tokenizer::load(const std::filesystem::path& dir) {
   std::filesystem::path json_path = dir / "tokenizer.json";
+  if (!std::filesystem::exists(json_path) && std::filesystem::is_regular_file(dir / "tiktoken.model"))
+    return load_tiktoken_tokenizer(dir);
   TETRA_CHECK(std::filesystem::is_regular_file(json_path), "model folder ", dir.string(),
-              " has no tokenizer.json");
+              " has no tokenizer.json (nor tiktoken.model)");
   Tokenizer t = from_json(read_file(json_path), json_path.string());
   std::filesystem::path config_path = dir / "tokenizer_config.json";
   TokenizerConfig config;
@@ -213,6 +244,43 @@ void Tokenizer::set_config(TokenizerConfig config) {
   apply(config_.add_eos_token, config_.eos_token, wrap_.suffix, false);
 }
 
+namespace {
+
+// Python's str.isspace(): bidirectional class WS, B or S, or category Zs.
+bool python_isspace(char32_t c) {
+  if ((c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680) return true;
+  if ((c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000)
+    return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<size_t> Tokenizer::chunk_cuts(std::string_view text) const {
+  std::vector<size_t> cuts;
+  if (chunking_.window_chars == 0 && chunking_.run_chars == 0) return cuts;
+  size_t i = 0, n_chars = 0, run = 0;
+  bool run_is_space = false;
+  while (i < text.size()) {
+    const size_t at = i;
+    const bool space = python_isspace(utf8_next(text, i));
+    if (chunking_.window_chars && n_chars % chunking_.window_chars == 0) {
+      if (n_chars > 0) cuts.push_back(at);
+      run_is_space = space;  // a window starts a fresh run count
+      run = 0;
+    }
+    ++n_chars;
+    if (space != run_is_space) {
+      run_is_space = space;
+      run = 1;
+    } else if (++run > chunking_.run_chars && chunking_.run_chars) {
+      if (cuts.empty() || cuts.back() != at) cuts.push_back(at);
+      run = 1;
+    }
+  }
+  return cuts;
+}
+
 std::vector<TokenId> Tokenizer::encode(std::string_view text, EncodeOptions options) const {
   std::string repaired;
   if (!utf8_is_valid(text)) {
@@ -227,6 +295,24 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, EncodeOptions opti
     sections.push_back({0, text.size(), -1});
   else
     raw_matcher_.split(text, added_, options.parse_special, sections);
+  if (const std::vector<size_t> cuts = chunk_cuts(text); !cuts.empty()) {
+    std::vector<Section> cut;
+    size_t k = 0;
+    for (const Section& s : sections) {
+      while (k < cuts.size() && cuts[k] <= s.begin) ++k;
+      if (s.token >= 0) {
+        cut.push_back(s);
+        continue;
+      }
+      size_t begin = s.begin;
+      for (; k < cuts.size() && cuts[k] < s.end; ++k) {
+        cut.push_back({begin, cuts[k], -1});
+        begin = cuts[k];
+      }
+      cut.push_back({begin, s.end, -1});
+    }
+    sections = std::move(cut);
+  }
   std::vector<Section> inner;
   for (const Section& s : sections) {
     if (s.token >= 0) {

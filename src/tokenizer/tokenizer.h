@@ -31,6 +31,14 @@ struct DecodeOptions {
   bool skip_special = false;
 };
 
+// Where long texts are cut before encoding, as Kimi's tokenization_kimi.py does (to keep
+// tiktoken's regex and BPE bounded): windows of at most `window_chars` code points, each cut
+// again where a run of whitespace or of non-whitespace (Python's str.isspace) would pass
+// `run_chars`. The pieces are encoded independently. 0: no cut.
+struct TextChunking {
+  size_t window_chars = 0, run_chars = 0;
+};
+
 // What tokenizer_config.json (and chat_template.jinja) add to tokenizer.json.
 struct TokenizerConfig {
   std::string chat_template;  // empty when the model ships none
@@ -46,7 +54,13 @@ class Tokenizer {
   static Tokenizer from_json(std::string_view json, const std::string& source = "tokenizer.json");
   // Loads DIR/tokenizer.json, DIR/tokenizer_config.json (optional) and DIR/chat_template.jinja
   // (optional; it takes precedence over the config's chat_template, as in transformers).
+  // When the folder has no tokenizer.json but a tiktoken.model (Kimi K2), that is loaded
+  // instead (tokenizer/tiktoken.h).
   static Tokenizer load(const std::filesystem::path& model_dir);
+  // A tiktoken-format BPE: `rank_bytes[r]` is token r's bytes, `specials` the added tokens
+  // (matched exactly, never normalized), `pattern` the pre-tokenizer regex (PCRE2).
+  static Tokenizer from_tiktoken(const std::vector<std::string>& rank_bytes, std::vector<AddedToken> specials,
+                                 const std::string& pattern, TextChunking chunking = {});
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -76,6 +90,10 @@ class Tokenizer {
  private:
   Tokenizer();
   void encode_normalized(std::string_view text, std::vector<TokenId>& out) const;
+  // Byte offsets in `text` where TextChunking cuts it (ascending, none at 0).
+  std::vector<size_t> chunk_cuts(std::string_view text) const;
+  // Fills the id tables and the added-token matchers from bpe_ and added_.
+  void index_tokens(size_t n_ids);
 
   struct WordCache;
   BpeModel bpe_;
@@ -90,7 +108,11 @@ class Tokenizer {
   TokenizerConfig config_;
   SpecialTokenWrap post_processor_;  // from tokenizer.json alone
   SpecialTokenWrap wrap_;            // post_processor_ with config_'s add_bos/eos_token applied
+  TextChunking chunking_;
 };
+
+// True when `model_dir` has a tokenizer Tokenizer::load reads (tokenizer.json or tiktoken.model).
+bool has_tokenizer(const std::filesystem::path& model_dir);
 
 // Parses a tokenizer_config.json text (chat_template, bos/eos tokens, add_bos_token).
 TokenizerConfig parse_tokenizer_config(std::string_view json, const std::string& source);

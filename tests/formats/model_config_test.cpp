@@ -198,6 +198,33 @@ TEST(ModelConfig, DeepseekV3Yarn) {
   EXPECT_EQ(parse(v5), c);
 }
 
+TEST(ModelConfig, KimiK2IsDeepseekV3) {
+  ModelConfig c = parse(kimi_k2());
+  EXPECT_EQ(c.model_type, "kimi_k2");
+  EXPECT_EQ(c.family, ModelFamily::DeepseekV3);
+  EXPECT_EQ(c.vocab_size, 163840);
+  EXPECT_EQ(c.n_heads, 64);
+  EXPECT_EQ(c.n_routed_experts, 384);
+  EXPECT_EQ(c.n_experts_per_tok, 8);
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_EQ(c.topk_group, 1);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.827);
+  EXPECT_EQ(count_moe(c), 60);
+  EXPECT_EQ(c.n_mtp_layers, 0);
+  EXPECT_EQ(c.qk_head_dim(), 192);
+  EXPECT_TRUE(c.rope.interleaved);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 50000);
+  EXPECT_DOUBLE_EQ(c.rope.yarn_factor, 32);
+  EXPECT_DOUBLE_EQ(c.rope.yarn_beta_fast, 1);
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  // Field for field what the same file reads as under deepseek_v3.
+  json as_v3 = kimi_k2();
+  as_v3["model_type"] = "deepseek_v3";
+  ModelConfig v3 = parse(as_v3);
+  v3.model_type = "kimi_k2";
+  EXPECT_EQ(v3, c);
+}
+
 TEST(ModelConfig, YarnDefaults) {
   json j = qwen3_30b();
   j["max_position_embeddings"] = 131072;

@@ -23,7 +23,7 @@ TEST(ModelConfigValidation, UnsupportedModelTypeListsSupported) {
   json j = qwen3_30b();
   j["model_type"] = "llama";
   EXPECT_ERROR(j, "config.json: model_type \"llama\" is not supported; supported model types: "
-                  "qwen3_moe, glm4_moe, mixtral, deepseek_v3, glm4_moe_lite, glm_moe_dsa.");
+                  "qwen3_moe, glm4_moe, mixtral, deepseek_v3, kimi_k2, glm4_moe_lite, glm_moe_dsa.");
   j.erase("model_type");
   EXPECT_ERROR(j, "\"model_type\" is missing; supported model types: qwen3_moe");
   EXPECT_ERROR(json::array(), "config.json: the config must be a JSON object, not an array");

@@ -55,6 +55,15 @@ TEST(ModelSizes, Glm5ConfigFixture) {
   EXPECT_EQ(model_sizes(c).params_total, 743911218432);
 }
 
+TEST(ModelSizes, KimiK2ConfigFixture) {
+  // tests/fixtures/kimi_k2-config is the published file (its FP8 quantization_config included).
+  const std::filesystem::path dir = std::filesystem::path(TETRA_SOURCE_DIR) / "tests" / "fixtures" / "kimi_k2-config";
+  ModelConfig c = load_model_config(dir);
+  EXPECT_EQ(c, parse(kimi_k2()));
+  EXPECT_EQ(model_sizes(c).params_total, 1026408232448);
+  EXPECT_EQ(model_sizes(c).params_active, 32861500928);
+}
+
 TEST(ModelSizes, PublishedModels) {
   // Computed here (MTP layers excluded, embeddings counted) against the model cards.
   // GLM-4.5's card (355B-A32B) likely counts its MTP layer (~3.9B with a full MoE block); we
@@ -75,6 +84,11 @@ TEST(ModelSizes, PublishedModels) {
       {"GLM-4.5 355B-A32B", glm45(), 355e9, 32e9, 0.06, 352797829024},            // active 33.63B
       {"GLM-4.7-Flash 30B-A3B", glm47_flash(), 30e9, 0, 0.01, 29943393920},       // active 3.90B
       {"GLM-5 744B-A40B", glm5(), 744e9, 40e9, 0.05, 743911218432},               // active 41.78B
+      // Kimi K2 ("1T total, 32B activated"), by hand: embed + lm_head 2 x 163840 x 7168 + norm
+      // = 2.349B; MLA per layer 101.14M (q_a 11.01M, q_b 18.87M, kv_a 4.13M, kv_b 8.39M, o
+      // 58.72M, norms) x 61 = 6.169B; dense layer 0.396B; 60 MoE layers of 384 + 1 experts of
+      // 44.04M, router 2.75M and bias = 16.958B each. Active: 8 + 1 experts, 32.86B.
+      {"Kimi K2 1T-A32B", kimi_k2(), 1e12, 32e9, 0.03, 1026408232448},            // active 32.86B
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -1,15 +1,36 @@
 // The official `openai` npm client (pinned in tests/server/node/package-lock.json) against a
 // running tetra serve: completions, chat, streaming, and errors as the SDK surfaces them.
-// Usage: node openai_client.mjs BASE_URL   (exits non-zero on the first failed check)
+// Usage: node openai_client.mjs BASE_URL API_KEY   (exits non-zero on the first failed check)
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 
 const baseURL = process.argv[2];
-const client = new OpenAI({ baseURL, apiKey: "unused", maxRetries: 0, timeout: 60_000 });
+const client = new OpenAI({ baseURL, apiKey: process.argv[3], maxRetries: 0, timeout: 60_000 });
 
 const models = await client.models.list();
 const model = models.data[0].id;
 assert.ok(model, "a model is listed");
+assert.equal((await client.models.retrieve(model)).id, model);
+
+// A wrong key: AuthenticationError; an unknown model: NotFoundError, as the SDK maps OpenAI's.
+const stranger = new OpenAI({ baseURL, apiKey: "wrong", maxRetries: 0, timeout: 60_000 });
+try {
+  await stranger.models.list();
+  assert.fail("expected a 401");
+} catch (e) {
+  assert.ok(e instanceof OpenAI.AuthenticationError, String(e));
+  assert.equal(e.code, "invalid_api_key");
+}
+for (const call of [() => client.models.retrieve("no-such-model"),
+                    () => client.completions.create({ model: "no-such-model", prompt: "x", max_tokens: 1 })]) {
+  try {
+    await call();
+    assert.fail("expected a 404");
+  } catch (e) {
+    assert.ok(e instanceof OpenAI.NotFoundError, String(e));
+    assert.equal(e.code, "model_not_found");
+  }
+}
 
 // Completions, non-streaming.
 const c = await client.completions.create({ model, prompt: "Hello", max_tokens: 8, temperature: 0, ignore_eos: true });

@@ -10,10 +10,10 @@ from harness import TETRA, Server
 
 
 class BenchServingTest(unittest.TestCase):
-    def run_bench(self, s, *flags):
+    def run_bench(self, s, *flags, env=None):
         out = tempfile.NamedTemporaryFile(suffix=".json", delete=False).name
         r = subprocess.run([TETRA, "bench", "serving", "--url", "http://127.0.0.1:%d" % s.port, "--json", out,
-                            *flags], capture_output=True, text=True, timeout=300)
+                            *flags], capture_output=True, text=True, timeout=300, env=env)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         print("\n" + r.stdout)
         with open(out) as f:
@@ -42,6 +42,22 @@ class BenchServingTest(unittest.TestCase):
                                   "--request-rate", "40", "--prompt-format", "text")
             self.assertEqual(j["completed"], 12)
             self.assertEqual(j["prompt_format"], "text")
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+
+    def test_bench_serving_sends_openai_api_key(self):
+        s = Server("--api-key", "sk-bench")
+        try:
+            env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+            r = subprocess.run([TETRA, "bench", "serving", "--url", "http://127.0.0.1:%d" % s.port, "--num-prompts", "2",
+                                "--random-input-len", "8", "--random-output-len", "4"],
+                               capture_output=True, text=True, timeout=300, env=env)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("401", r.stderr)
+            _, j = self.run_bench(s, "--num-prompts", "4", "--random-input-len", "8", "--random-output-len", "4",
+                                  env={**env, "OPENAI_API_KEY": "sk-bench"})
+            self.assertEqual((j["completed"], j["failed"]), (4, 0))
         finally:
             self.assertEqual(s.stop(), 0)
 

@@ -1,5 +1,6 @@
-// Parity with the reference tokenizer (@lenml/tokenizers, a port of transformers.js) on the
-// official DeepSeek-V3 and Qwen3 tokenizer.json files, over the corpus of
+// Parity with the reference tokenizers (@lenml/tokenizers, a port of transformers.js, on the
+// official DeepSeek-V3 and Qwen3 tokenizer.json files; the Rust tiktoken on a tiktoken.model
+// folder), over the corpus of
 // tools/tokenizer_ref/make_corpus.py: every id must match.
 #include <fstream>
 #include <string>
@@ -72,7 +73,10 @@ TEST_P(Parity, CorpusIdsMatchReference) {
   EXPECT_EQ(decode_mismatches, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::Values("deepseek_v3", "qwen3"));
+// kimi_tiktoken: a tiktoken.model folder shaped as Kimi K2's (o200k_base's ranks, Kimi's
+// tokenizer class and special tokens; scripts/fetch-test-data), against the Rust tiktoken
+// under Kimi's pattern.
+INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::Values("deepseek_v3", "qwen3", "kimi_tiktoken"));
 
 }  // namespace
 }  // namespace tetra::tok

@@ -168,6 +168,10 @@ def gen():
         lines = [R.choice(["# ", "## ", "- ", "* ", "1. ", "> ", "", "    ", "\t", "```", "| a | b |"]) + words(R.randint(0, 6))
                  for _ in range(R.randint(2, 8))]
         out.append(R.choice(["\n", "\n\n", "\r\n", " \n"]).join(lines))
+    # Han by script, not script extensions (Kimi's pattern splits Han runs): CJK punctuation
+    # such as 』、。 is Common; 々 and the Unicode 15/15.1 extensions H and I are Han.
+    out += ["』<think>", "a、b。c", "「引用」quote", "々々x", "\U00031350\U00031351abc", "x\U0002EBF0y",
+            "中文English混合text", "Ａ中ｂ", "\u3007\u3007\u3007", "\u2e80\u2f00abc"]
     return out
 
 
