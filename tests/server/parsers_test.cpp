@@ -1,0 +1,270 @@
+// Tool-call and reasoning parsers on each family's own output format: whole texts, then the
+// same texts fed in random pieces (markers and UTF-8 characters cut anywhere), which must give
+// exactly the same content, reasoning and calls.
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "server/reasoning_parser.h"
+#include "server/tool_parser.h"
+
+namespace tetra::server {
+namespace {
+
+using nlohmann::json;
+
+struct ToolResult {
+  std::string content;
+  std::vector<ParsedToolCall> calls;
+};
+
+ToolResult parse_whole(ToolFormat f, const std::string& text, const json& tools = nullptr) {
+  ToolParser p(f, tools);
+  ToolDelta a = p.push(text), b = p.finish();
+  ToolResult r{a.content + b.content, a.calls};
+  r.calls.insert(r.calls.end(), b.calls.begin(), b.calls.end());
+  return r;
+}
+
+// Feeds `text` in pieces of 1..max_piece bytes; every emitted piece must be final (the
+// concatenation is compared with the whole-text parse).
+ToolResult parse_pieces(ToolFormat f, const std::string& text, std::mt19937& rng, size_t max_piece,
+                        const json& tools = nullptr) {
+  ToolParser p(f, tools);
+  ToolResult r;
+  std::uniform_int_distribution<size_t> len(1, max_piece);
+  for (size_t at = 0; at < text.size();) {
+    const size_t n = std::min(len(rng), text.size() - at);
+    ToolDelta d = p.push(std::string_view(text).substr(at, n));
+    r.content += d.content;
+    r.calls.insert(r.calls.end(), d.calls.begin(), d.calls.end());
+    at += n;
+  }
+  ToolDelta d = p.finish();
+  r.content += d.content;
+  r.calls.insert(r.calls.end(), d.calls.begin(), d.calls.end());
+  return r;
+}
+
+void expect_same(const ToolResult& a, const ToolResult& b, const std::string& label) {
+  EXPECT_EQ(a.content, b.content) << label;
+  ASSERT_EQ(a.calls.size(), b.calls.size()) << label;
+  for (size_t i = 0; i < a.calls.size(); ++i) {
+    EXPECT_EQ(a.calls[i].id, b.calls[i].id) << label;
+    EXPECT_EQ(a.calls[i].name, b.calls[i].name) << label;
+    EXPECT_EQ(a.calls[i].arguments, b.calls[i].arguments) << label;
+  }
+}
+
+// Whole-text parse, then 200 random splittings (byte by byte among them) must agree with it.
+ToolResult check_streaming(ToolFormat f, const std::string& text, const json& tools = nullptr) {
+  ToolResult whole = parse_whole(f, text, tools);
+  std::mt19937 rng(1234);
+  expect_same(parse_pieces(f, text, rng, 1, tools), whole, "byte by byte: " + text);
+  for (int i = 0; i < 200; ++i) expect_same(parse_pieces(f, text, rng, 1 + i % 12, tools), whole, "pieces: " + text);
+  return whole;
+}
+
+json args(const ParsedToolCall& c) { return json::parse(c.arguments); }
+
+TEST(ToolParser, Names) {
+  EXPECT_EQ(tool_format_named("hermes"), ToolFormat::Hermes);
+  EXPECT_EQ(tool_format_named("glm45"), ToolFormat::Glm45);
+  EXPECT_EQ(tool_format_named("deepseek_v3"), ToolFormat::DeepSeekV3);
+  EXPECT_EQ(tool_format_named("kimi_k2"), ToolFormat::KimiK2);
+  EXPECT_EQ(tool_format_named("mistral"), std::nullopt);
+}
+
+TEST(ToolParser, HermesQwen3) {
+  const std::string text =
+      "I'll check both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"c\"}}\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>";
+  ToolResult r = check_streaming(ToolFormat::Hermes, text);
+  EXPECT_EQ(r.content, "I'll check both.\n");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(args(r.calls[0]), json({{"city", "Paris"}, {"unit", "c"}}));
+  EXPECT_EQ(r.calls[0].arguments, R"({"city":"Paris","unit":"c"})");  // the model's key order
+  EXPECT_EQ(r.calls[1].name, "add");
+  EXPECT_EQ(args(r.calls[1]), json({{"a", 2}, {"b", 3}}));
+  EXPECT_TRUE(r.calls[0].id.empty());  // the server assigns ids
+
+  // No call: all content, "<" and "<tool" prefixes released at the end.
+  EXPECT_EQ(check_streaming(ToolFormat::Hermes, "a < b and <tool").content, "a < b and <tool");
+  // Text after the calls is content, not lost.
+  ToolResult after = check_streaming(ToolFormat::Hermes,
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\nDone.");
+  ASSERT_EQ(after.calls.size(), 1u);
+  EXPECT_EQ(after.content, "\nDone.");
+  // A call the model did not close (it stopped at its end-of-turn token) still counts.
+  ToolResult open = check_streaming(ToolFormat::Hermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n");
+  ASSERT_EQ(open.calls.size(), 1u);
+  EXPECT_EQ(args(open.calls[0]), json({{"x", 1}}));
+}
+
+TEST(ToolParser, HermesMalformedFallsBackToContent) {
+  for (const std::string text : {
+           std::string("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>"),
+           std::string("<tool_call>\n{\"arguments\": {}}\n</tool_call>"),               // no name
+           std::string("<tool_call>\n{\"name\": \"f\", \"arguments\": [1]}\n</tool_call>"),  // not an object
+           std::string("<tool_call>\n{\"name\": \"f\", \"argu"),                           // cut off
+       }) {
+    ToolResult r = check_streaming(ToolFormat::Hermes, text);
+    EXPECT_TRUE(r.calls.empty()) << text;
+    EXPECT_EQ(r.content, text);
+  }
+  // One bad call among good ones: the good ones stay calls.
+  ToolResult mixed = check_streaming(ToolFormat::Hermes,
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_call>\nnot json\n</tool_call>");
+  ASSERT_EQ(mixed.calls.size(), 1u);
+  EXPECT_EQ(mixed.content, "<tool_call>\nnot json\n</tool_call>");
+}
+
+TEST(ToolParser, Glm45) {
+  const std::string text =
+      "Looking it up.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+      "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>opts</arg_key>\n<arg_value>{\"metric\": true}</arg_value>\n"
+      "</tool_call>\n<tool_call>now\n</tool_call>";
+  ToolResult r = check_streaming(ToolFormat::Glm45, text);
+  EXPECT_EQ(r.content, "Looking it up.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(args(r.calls[0]), json({{"city", "Paris"}, {"days", 3}, {"opts", {{"metric", true}}}}));
+  EXPECT_EQ(r.calls[1].name, "now");
+  EXPECT_EQ(args(r.calls[1]), json::object());
+
+  // The schema says `days` is a string: the value stays text.
+  json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"days": {"type": "string"}}}}}])");
+  ToolResult typed = check_streaming(ToolFormat::Glm45, text, tools);
+  EXPECT_EQ(args(typed.calls[0])["days"], "3");
+
+  for (const std::string bad : {std::string("<tool_call>\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>"),
+                                std::string("<tool_call>f\n<arg_key>a</arg_key>\n</tool_call>"),
+                                std::string("<tool_call>f\n<arg_value>1</arg_value>\n</tool_call>")}) {
+    ToolResult m = check_streaming(ToolFormat::Glm45, bad);
+    EXPECT_TRUE(m.calls.empty()) << bad;
+    EXPECT_EQ(m.content, bad);
+  }
+}
+
+TEST(ToolParser, DeepSeekV3) {
+  const std::string text =
+      "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+      "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n"
+      "{\"a\": 2, \"b\": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  ToolResult r = check_streaming(ToolFormat::DeepSeekV3, text);
+  EXPECT_EQ(r.content, "Let me look.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(args(r.calls[0]), json({{"city", "Paris"}}));
+  EXPECT_EQ(r.calls[1].name, "add");
+  EXPECT_EQ(args(r.calls[1]), json({{"a", 2}, {"b", 3}}));
+
+  const std::string bad_call = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{oops}\n```<｜tool▁call▁end｜>";
+  ToolResult m = check_streaming(ToolFormat::DeepSeekV3, "<｜tool▁calls▁begin｜>" + bad_call + "<｜tool▁calls▁end｜>");
+  EXPECT_TRUE(m.calls.empty());
+  EXPECT_EQ(m.content, bad_call);
+  // "｜" cut inside its UTF-8 bytes or a lookalike prefix: released as text.
+  EXPECT_EQ(check_streaming(ToolFormat::DeepSeekV3, "x <｜tool▁c").content, "x <｜tool▁c");
+}
+
+TEST(ToolParser, KimiK2) {
+  const std::string text =
+      "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+      "{\"city\": \"Paris\"}<|tool_call_end|><|tool_call_begin|>functions.add:1<|tool_call_argument_begin|>"
+      "{\"a\": 2, \"b\": 3}<|tool_call_end|><|tool_calls_section_end|>";
+  ToolResult r = check_streaming(ToolFormat::KimiK2, text);
+  EXPECT_EQ(r.content, "Checking.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].id, "functions.get_weather:0");
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(args(r.calls[0]), json({{"city", "Paris"}}));
+  EXPECT_EQ(r.calls[1].id, "functions.add:1");
+  EXPECT_EQ(r.calls[1].name, "add");
+
+  const std::string bad = "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": <|tool_call_end|>";
+  ToolResult m = check_streaming(ToolFormat::KimiK2, "<|tool_calls_section_begin|>" + bad + "<|tool_calls_section_end|>");
+  EXPECT_TRUE(m.calls.empty());
+  EXPECT_EQ(m.content, bad);
+}
+
+struct ReasoningResult {
+  std::string reasoning, content;
+};
+
+ReasoningResult reason_pieces(ReasoningFormat f, bool in_thinking, const std::string& text, std::mt19937* rng,
+                              size_t max_piece) {
+  ReasoningParser p(f, in_thinking);
+  ReasoningResult r;
+  std::uniform_int_distribution<size_t> len(1, max_piece);
+  for (size_t at = 0; at < text.size();) {
+    const size_t n = rng ? std::min(len(*rng), text.size() - at) : text.size();
+    ReasoningDelta d = p.push(std::string_view(text).substr(at, n));
+    r.reasoning += d.reasoning;
+    r.content += d.content;
+    at += n;
+  }
+  ReasoningDelta d = p.finish();
+  r.reasoning += d.reasoning;
+  r.content += d.content;
+  return r;
+}
+
+ReasoningResult check_reasoning(ReasoningFormat f, bool in_thinking, const std::string& text) {
+  ReasoningResult whole = reason_pieces(f, in_thinking, text, nullptr, 0);
+  std::mt19937 rng(99);
+  for (int i = 0; i < 200; ++i) {
+    ReasoningResult part = reason_pieces(f, in_thinking, text, &rng, 1 + i % 9);
+    EXPECT_EQ(part.reasoning, whole.reasoning) << text;
+    EXPECT_EQ(part.content, whole.content) << text;
+  }
+  return whole;
+}
+
+TEST(ReasoningParser, Qwen3AndGlm) {
+  for (ReasoningFormat f : {ReasoningFormat::Qwen3, ReasoningFormat::Glm45}) {
+    ReasoningResult r = check_reasoning(f, false, "<think>\nThe user wants 2+2.\n</think>\n\nIt is 4.");
+    EXPECT_EQ(r.reasoning, "\nThe user wants 2+2.\n");
+    EXPECT_EQ(r.content, "\n\nIt is 4.");
+    // The template opened the thinking (Qwen3 thinking templates, enable_thinking): only </think>.
+    r = check_reasoning(f, true, "The user wants 2+2.\n</think>\n\nIt is 4.");
+    EXPECT_EQ(r.reasoning, "The user wants 2+2.\n");
+    EXPECT_EQ(r.content, "\n\nIt is 4.");
+    // No thinking (enable_thinking false puts an empty block in the prompt): all content.
+    r = check_reasoning(f, false, "It is 4. <think> is a tag.");
+    EXPECT_EQ(r.reasoning, "");
+    EXPECT_EQ(r.content, "It is 4. <think> is a tag.");
+    // Cut off while thinking: all reasoning.
+    r = check_reasoning(f, false, "<think>\nstill going </thi");
+    EXPECT_EQ(r.reasoning, "\nstill going </thi");
+    EXPECT_EQ(r.content, "");
+    r = check_reasoning(f, false, "<thin");
+    EXPECT_EQ(r.content, "<thin");
+  }
+}
+
+TEST(ReasoningParser, DeepSeekR1) {
+  ReasoningResult r = check_reasoning(ReasoningFormat::DeepSeekR1, false, "Let me think.\n</think>\n\nFour.");
+  EXPECT_EQ(r.reasoning, "Let me think.\n");
+  EXPECT_EQ(r.content, "\n\nFour.");
+  r = check_reasoning(ReasoningFormat::DeepSeekR1, false, "<think>Hmm.</think>Four.");
+  EXPECT_EQ(r.reasoning, "Hmm.");
+  EXPECT_EQ(r.content, "Four.");
+  r = check_reasoning(ReasoningFormat::DeepSeekR1, false, "no end tag");
+  EXPECT_EQ(r.reasoning, "no end tag");
+  EXPECT_EQ(r.content, "");
+}
+
+TEST(ReasoningParser, PromptOpensThinking) {
+  EXPECT_TRUE(prompt_opens_thinking("<|im_start|>assistant\n<think>\n"));
+  EXPECT_FALSE(prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(prompt_opens_thinking("<|im_start|>assistant\n"));
+  EXPECT_FALSE(prompt_opens_thinking("<think>x</think> then <think> mention x"));
+}
+
+}  // namespace
+}  // namespace tetra::server
