@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -41,6 +42,17 @@ int64_t parse_bytes(const std::string& text) {
   TETRA_CHECK(used > 0 && v > 0 && v * scale <= double(int64_t(1) << 50),
               "--kv-memory must be a size such as 256M or 2G, got '", text, "'");
   return int64_t(v * scale);
+}
+
+// The tool-call format a family's chat template teaches its model. Kimi K2 shares DeepSeek-V3's
+// architecture (model_type deepseek_v3) but not its markers: its tokenizer tells them apart.
+std::optional<server::ToolFormat> family_tool_format(const ModelConfig& mc, const tok::Tokenizer& tokenizer) {
+  const std::string& t = mc.model_type;
+  if (t == "qwen3_moe") return server::ToolFormat::Hermes;
+  if (t == "glm4_moe" || t == "glm4_moe_lite" || t == "glm_moe_dsa") return server::ToolFormat::Glm45;
+  if (t == "deepseek_v3")
+    return tokenizer.token_to_id("<|tool_call_begin|>") ? server::ToolFormat::KimiK2 : server::ToolFormat::DeepSeekV3;
+  return std::nullopt;
 }
 
 // Thousands of streams need thousands of descriptors: take the hard limit.
@@ -93,6 +105,17 @@ int cmd_serve(int argc, char** argv) {
                  "seconds SIGTERM lets running requests finish (0: abort them at once)")->check(CLI::Range(0.0, 86400.0));
   app.add_option("--read-timeout", read_timeout, "seconds a client has to send a whole request")
       ->check(CLI::Range(0.1, 3600.0));
+  std::string tool_parser = "auto", reasoning_parser;
+  app.add_option("--tool-call-parser", tool_parser,
+                 "tool-call format of the model's output: hermes (Qwen3), glm45 (GLM-4.5+, GLM-5), deepseek_v3, "
+                 "kimi_k2; auto: from the model family; none: no tool calls")
+      ->check(CLI::IsMember({"auto", "none", "hermes", "glm45", "glm47", "deepseek_v3", "kimi_k2"}));
+  bool auto_tool_choice = false;
+  app.add_flag("--enable-auto-tool-choice", auto_tool_choice, "accepted for vLLM compatibility: tool_choice \"auto\" works "
+                                            "whenever a tool-call parser is set");
+  app.add_option("--reasoning-parser", reasoning_parser,
+                 "split <think>...</think> into reasoning_content: qwen3, glm45, deepseek_r1 (default: off)")
+      ->check(CLI::IsMember({"qwen3", "glm45", "deepseek_r1"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -113,6 +136,13 @@ int cmd_serve(int argc, char** argv) {
     TETRA_CHECK(*end == '\0' && n >= 0, "TETRA_TESTING_FAIL_STEP must be a step number >= 0, not '", v, "'");
     engine_config.testing_fail_step = n;
     std::fprintf(stderr, "tetra serve: TETRA_TESTING_FAIL_STEP=%lld: step %lld will fail (testing)\n", n, n);
+  }
+  std::optional<server::TestingScript> testing_script;
+  if (const char* v = std::getenv("TETRA_TESTING_SCRIPT"); v && *v) {
+    // Tests only: scripted replies instead of the model's tokens (server/testing_script.h).
+    testing_script = server::TestingScript::load(v);
+    std::fprintf(stderr, "tetra serve: TETRA_TESTING_SCRIPT=%s: %zu scripted replies replace the model's (testing)\n",
+                 v, testing_script->size());
   }
   if (served_name.empty()) served_name = std::filesystem::absolute(dir).lexically_normal().filename().string();
   if (served_name.empty()) served_name = std::filesystem::absolute(dir).parent_path().filename().string();
@@ -152,11 +182,23 @@ int cmd_serve(int argc, char** argv) {
   const int64_t max_context = engine.config().max_context > 0 ? engine.config().max_context
                               : context_length > 0             ? std::min(context_length, mc.max_position_embeddings)
                                                                : mc.max_position_embeddings;
+  const std::optional<server::ToolFormat> tool_format =
+      tool_parser == "auto" ? family_tool_format(mc, tokenizer)
+      : tool_parser == "none" ? std::nullopt
+                              : server::tool_format_named(tool_parser);
+  const std::optional<server::ReasoningFormat> reasoning_format =
+      reasoning_parser.empty() ? std::nullopt : server::reasoning_format_named(reasoning_parser);
+  std::fprintf(stderr, "tetra serve: tool-call parser %s, reasoning parser %s\n",
+               tool_format ? server::tool_format_name(*tool_format) : "none",
+               reasoning_format ? server::reasoning_format_name(*reasoning_format) : "none");
   srv.set_ready({.engine = &engine,
                  .tokenizer = &tokenizer,
                  .model_name = served_name,
                  .max_context = max_context,
-                 .vocab_size = mc.vocab_size});
+                 .vocab_size = mc.vocab_size,
+                 .tool_format = tool_format,
+                 .reasoning_format = reasoning_format,
+                 .testing_script = testing_script ? &*testing_script : nullptr});
   const runtime::EngineStats stats = engine.stats();
   std::fprintf(stderr, "tetra serve: ready: %s, context %lld tokens, %lld KV blocks, http://%s:%d/v1\n",
                served_name.c_str(), static_cast<long long>(max_context),

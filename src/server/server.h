@@ -5,9 +5,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runtime/engine.h"
+#include "server/reasoning_parser.h"
+#include "server/testing_script.h"
+#include "server/tool_parser.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tetra::server {
@@ -32,6 +36,9 @@ struct ServingContext {
   std::string model_name;
   int64_t max_context = 0;  // prompt + generated tokens per sequence
   int64_t vocab_size = 0;   // the model's (embedding) vocabulary
+  std::optional<ToolFormat> tool_format;            // --tool-call-parser; unset: no tool calls
+  std::optional<ReasoningFormat> reasoning_format;  // --reasoning-parser; unset: no split
+  const TestingScript* testing_script = nullptr;    // tests only (TETRA_TESTING_SCRIPT)
 };
 
 class Server {
