@@ -106,7 +106,7 @@ TEST(ToolParser, HermesQwen3) {
 }
 
 TEST(ToolParser, HermesMalformedFallsBackToContent) {
-  for (const std::string text : {
+  for (const std::string& text : {
            std::string("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>"),
            std::string("<tool_call>\n{\"arguments\": {}}\n</tool_call>"),               // no name
            std::string("<tool_call>\n{\"name\": \"f\", \"arguments\": [1]}\n</tool_call>"),  // not an object
@@ -142,7 +142,7 @@ TEST(ToolParser, Glm45) {
   ToolResult typed = check_streaming(ToolFormat::Glm45, text, tools);
   EXPECT_EQ(args(typed.calls[0])["days"], "3");
 
-  for (const std::string bad : {std::string("<tool_call>\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>"),
+  for (const std::string& bad : {std::string("<tool_call>\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>"),
                                 std::string("<tool_call>f\n<arg_key>a</arg_key>\n</tool_call>"),
                                 std::string("<tool_call>f\n<arg_value>1</arg_value>\n</tool_call>")}) {
     ToolResult m = check_streaming(ToolFormat::Glm45, bad);
