@@ -197,13 +197,18 @@ void ToolParser::step(ToolDelta& out) {
     if (state_ == State::Text) {
       const std::string_view opener = wrapped ? m.section_begin : m.call_begin;
       const size_t at = held_.find(opener);
+      // Whitespace right before the calls separates them from the content (templates write
+      // "content\n<tool_call>"): it is not content, so it is held until text follows it.
       if (at == std::string::npos) {
-        const size_t keep = partial_marker_length(held_, opener);
-        out.content += held_.substr(0, held_.size() - keep);
-        held_.erase(0, held_.size() - keep);
+        size_t end = held_.size() - partial_marker_length(held_, opener);
+        while (end > 0 && is_space(held_[end - 1])) --end;
+        out.content += held_.substr(0, end);
+        held_.erase(0, end);
         return;
       }
-      out.content += held_.substr(0, at);
+      size_t end = at;
+      while (end > 0 && is_space(held_[end - 1])) --end;
+      out.content += held_.substr(0, end);
       held_.erase(0, at + opener.size());
       state_ = wrapped ? State::Section : State::Call;
     } else if (state_ == State::Call) {

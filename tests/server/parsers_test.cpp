@@ -8,8 +8,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "server/chat_output.h"
 #include "server/reasoning_parser.h"
 #include "server/tool_parser.h"
+#include "tests/tokenizer/test_data.h"
+#include "tokenizer/chat_template.h"
 
 namespace tetra::server {
 namespace {
@@ -83,7 +86,7 @@ TEST(ToolParser, HermesQwen3) {
       "I'll check both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"c\"}}\n"
       "</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>";
   ToolResult r = check_streaming(ToolFormat::Hermes, text);
-  EXPECT_EQ(r.content, "I'll check both.\n");
+  EXPECT_EQ(r.content, "I'll check both.");  // the newline before the calls is not content
   ASSERT_EQ(r.calls.size(), 2u);
   EXPECT_EQ(r.calls[0].name, "get_weather");
   EXPECT_EQ(args(r.calls[0]), json({{"city", "Paris"}, {"unit", "c"}}));
@@ -264,6 +267,99 @@ TEST(ReasoningParser, PromptOpensThinking) {
   EXPECT_FALSE(prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
   EXPECT_FALSE(prompt_opens_thinking("<|im_start|>assistant\n"));
   EXPECT_FALSE(prompt_opens_thinking("<think>x</think> then <think> mention x"));
+}
+
+// Each family's own template writes an assistant turn's tool calls exactly as its model is
+// trained to write them: rendering a turn and parsing what the template added must give the
+// calls back (the family's parser, after its reasoning parser, as the server runs them).
+struct Family {
+  const char* name;
+  std::string template_source;
+  ToolFormat tools;
+  std::optional<ReasoningFormat> reasoning;
+  const char* end_of_turn;  // the model's stop token(s) the template writes after the turn
+  bool string_arguments;    // DeepSeek-V3's template concatenates arguments as text
+  bool null_content;        // ... and writes tool calls only for a turn with content None
+};
+
+TEST(ToolParser, ParsesWhatEachFamilysTemplateWrites) {
+  using tok::testing::read_text;
+  using tok::testing::require_data;
+  const std::string cases = std::string(TETRA_SOURCE_DIR) + "/tools/tokenizer_ref/chat_cases/";
+  auto config_template = [&](const char* model) {
+    return json::parse(read_text(require_data(std::string(model) + "/tokenizer_config.json")))["chat_template"]
+        .get<std::string>();
+  };
+  const std::vector<Family> families = {
+      {"qwen3", config_template("qwen3"), ToolFormat::Hermes, ReasoningFormat::Qwen3, "<|im_end|>\n", false, false},
+      {"glm46", read_text(cases + "glm46.jinja"), ToolFormat::Glm45, ReasoningFormat::Glm45, "", false, false},
+      {"deepseek_v3", config_template("deepseek_v3"), ToolFormat::DeepSeekV3, std::nullopt, "<｜end▁of▁sentence｜>",
+       true, true},
+      // Kimi K2 Thinking writes <think>...</think> first, R1-style.
+      {"kimi_k2", read_text(cases + "kimi_k2_thinking.jinja"), ToolFormat::KimiK2, ReasoningFormat::DeepSeekR1,
+       "<|im_end|>", false, false},
+  };
+  const json tools = json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
+    {"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+      "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}])");
+  const std::vector<std::pair<std::string, json>> calls = {{"get_weather", {{"city", "Paris"}, {"days", 2}}},
+                                                           {"add", {{"a", 2}, {"b", 3.5}}}};
+  for (const Family& f : families) {
+    nlohmann::ordered_json user = {{"role", "user"}, {"content", "Weather in Paris, and 2+3.5?"}};
+    nlohmann::ordered_json turn = {{"role", "assistant"}, {"content", f.null_content ? nlohmann::ordered_json() : ""}};
+    turn["tool_calls"] = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+      nlohmann::ordered_json args = nlohmann::ordered_json::parse(calls[i].second.dump());
+      turn["tool_calls"].push_back(
+          {{"id", "functions." + calls[i].first + ":" + std::to_string(i)},
+           {"type", "function"},
+           {"function", {{"name", calls[i].first}, {"arguments", f.string_arguments ? nlohmann::ordered_json(args.dump()) : args}}}});
+    }
+    tok::ChatRequest prompt, full;
+    prompt.messages = full.messages = nlohmann::ordered_json::array({user});
+    full.messages.push_back(turn);
+    prompt.tools = full.tools = nlohmann::ordered_json::parse(tools.dump());
+    full.add_generation_prompt = false;
+    tok::TokenizerConfig config;
+    const tok::ChatTemplate t(f.template_source);
+    const std::string before = t.render(prompt, config), after = t.render(full, config);
+    ASSERT_EQ(after.compare(0, before.size(), before), 0) << f.name << ": the prompt is not a prefix of the turn";
+    std::string output = after.substr(before.size());
+    ASSERT_GE(output.size(), std::string(f.end_of_turn).size()) << f.name;
+    ASSERT_EQ(output.substr(output.size() - std::string(f.end_of_turn).size()), f.end_of_turn) << f.name << output;
+    output.resize(output.size() - std::string(f.end_of_turn).size());
+
+    ChatOutputOptions o{.reasoning = f.reasoning, .prompt_in_thinking = prompt_opens_thinking(before),
+                        .tool_format = f.tools, .tools = tools};
+    ChatOutput whole(o);
+    ChatDelta a = whole.push(output), b = whole.finish();
+    std::vector<IndexedToolCall> got = a.calls;
+    got.insert(got.end(), b.calls.begin(), b.calls.end());
+    EXPECT_EQ(a.content + b.content, "") << f.name << ": " << output;
+    ASSERT_EQ(got.size(), calls.size()) << f.name << ": " << output;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      EXPECT_EQ(got[i].index, int(i));
+      EXPECT_EQ(got[i].call.name, calls[i].first) << f.name;
+      EXPECT_EQ(json::parse(got[i].call.arguments), calls[i].second) << f.name;
+    }
+    // Streamed byte by byte: the same calls.
+    ChatOutput streamed(o);
+    std::vector<IndexedToolCall> pieces;
+    std::string content;
+    for (char ch : output) {
+      ChatDelta d = streamed.push(std::string(1, ch));
+      content += d.content;
+      pieces.insert(pieces.end(), d.calls.begin(), d.calls.end());
+    }
+    ChatDelta d = streamed.finish();
+    content += d.content;
+    pieces.insert(pieces.end(), d.calls.begin(), d.calls.end());
+    EXPECT_EQ(content, "") << f.name;
+    ASSERT_EQ(pieces.size(), got.size()) << f.name;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(pieces[i].call.arguments, got[i].call.arguments) << f.name;
+  }
 }
 
 }  // namespace
