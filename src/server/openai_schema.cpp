@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "formats/json_fields.h"
+#include "server/json_depth.h"
 
 namespace tetra::server {
 namespace {
@@ -130,15 +131,19 @@ void parse_assistant_extras(const json& msg, const std::string& where, json& out
     auto name = f->find("name");
     if (name == f->end() || !name->is_string() || name->get_ref<const std::string&>().empty())
       throw_invalid(at + ".function.name", "'" + at + ".function.name' must be a non-empty string");
-    json args = f->contains("arguments") ? (*f)["arguments"] : json("{}");
+    const json* args_in = f->contains("arguments") ? &(*f)["arguments"] : nullptr;
     // Arguments are a JSON object written as a string (OpenAI); templates get the object.
-    if (args.is_string()) {
-      json parsed = json::parse(args.get_ref<const std::string&>(), nullptr, false);
+    if (args_in && args_in->is_string()) {
+      json parsed = json::parse(args_in->get_ref<const std::string&>(), nullptr, false);
       if (parsed.is_discarded() || !parsed.is_object())
         throw_invalid(at + ".function.arguments", "'" + at + ".function.arguments' must be a JSON object encoded as a string");
-    } else if (!args.is_object()) {
+      if (json_nested_deeper_than(parsed))
+        throw_invalid(at + ".function.arguments", "'" + at + ".function.arguments' is nested deeper than " +
+                                                      std::to_string(kMaxJsonNesting) + " levels");
+    } else if (args_in && (!args_in->is_object() || json_nested_deeper_than(*args_in))) {
       throw_invalid(at + ".function.arguments", "'" + at + ".function.arguments' must be a string");
     }
+    json args = args_in ? *args_in : json("{}");
     json call = {{"type", "function"}, {"function", {{"name", *name}, {"arguments", args}}}};
     if (c.contains("id")) call["id"] = c["id"];
     list.push_back(std::move(call));
@@ -255,6 +260,8 @@ void parse_tools(const json& body, const SchemaLimits& limits, GenerationRequest
       const json& t = (*tools)[i];
       const std::string at = "tools[" + std::to_string(i) + "]";
       if (!t.is_object()) throw_invalid(at, "'" + at + "' must be an object");
+      if (json_nested_deeper_than(t))
+        throw_invalid(at, "'" + at + "' is nested deeper than " + std::to_string(kMaxJsonNesting) + " levels");
       if (t.value("type", json()) != "function") throw_invalid(at + ".type", "'" + at + ".type' must be \"function\"");
       auto f = t.find("function");
       if (f == t.end() || !f->is_object()) throw_invalid(at + ".function", "'" + at + ".function' must be an object");
@@ -305,7 +312,9 @@ void parse_tools(const json& body, const SchemaLimits& limits, GenerationRequest
   }
   if (auto p = get_bool(body, "parallel_tool_calls")) r.parallel_tool_calls = *p;
   if (const json* kw = find(body, "chat_template_kwargs")) {
-    if (!kw->is_object()) throw_invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    if (!kw->is_object() || json_nested_deeper_than(*kw))
+      throw_invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object nested at most " +
+                                                std::to_string(kMaxJsonNesting) + " levels");
     // The request's own fields set these; a keyword may not replace them.
     for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
       if (kw->contains(reserved))

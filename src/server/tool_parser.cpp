@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "server/json_depth.h"
 #include "server/reasoning_parser.h"
 
 namespace tetra::server {
@@ -42,13 +43,13 @@ bool blank(std::string_view s) { return trim(s).empty(); }
 // A JSON object's text, or nullopt. Key order is kept (ordered_json), as the model wrote it.
 std::optional<std::string> object_text(std::string_view s) {
   ordered_json j = ordered_json::parse(s, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  if (j.is_discarded() || !j.is_object() || json_nested_deeper_than(j)) return std::nullopt;
   return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
 }
 
 std::optional<ParsedToolCall> parse_hermes(std::string_view body) {
   ordered_json j = ordered_json::parse(trim(body), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  if (j.is_discarded() || !j.is_object() || json_nested_deeper_than(j)) return std::nullopt;
   auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty()) return std::nullopt;
   auto args = j.find("arguments");
@@ -105,6 +106,7 @@ std::optional<ParsedToolCall> parse_glm(std::string_view body, const json& tools
     ordered_json v = parameter_type(tools, name, key) == "string"
                          ? ordered_json(ordered_json::value_t::discarded)
                          : ordered_json::parse(value, nullptr, false);
+    if (json_nested_deeper_than(v)) return std::nullopt;
     args[key] = v.is_discarded() ? ordered_json(std::string(value)) : std::move(v);
   }
   return ParsedToolCall{.name = name, .arguments = args.dump(-1, ' ', false, ordered_json::error_handler_t::replace)};

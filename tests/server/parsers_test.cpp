@@ -119,6 +119,14 @@ TEST(ToolParser, HermesMalformedFallsBackToContent) {
     EXPECT_TRUE(r.calls.empty()) << text;
     EXPECT_EQ(r.content, text);
   }
+  // Arguments nested 100,000 deep (a model can write that): refused before anything recurses.
+  std::string nest;
+  for (int i = 0; i < 100000; ++i) nest += "{\"a\":";
+  nest += "1" + std::string(100000, '}');
+  const std::string deep = "<tool_call>\n{\"name\": \"f\", \"arguments\": " + nest + "}\n</tool_call>";
+  ToolResult nested = parse_whole(ToolFormat::Hermes, deep);
+  EXPECT_TRUE(nested.calls.empty());
+  EXPECT_EQ(nested.content, deep);
   // One bad call among good ones: the good ones stay calls.
   ToolResult mixed = check_streaming(ToolFormat::Hermes,
       "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_call>\nnot json\n</tool_call>");

@@ -328,6 +328,19 @@ class ValidationTest(unittest.TestCase):
         for fields, param in cases:
             st, b, _ = self.s.post("/v1/chat/completions", {**chat, **fields})
             assert_error(self, st, b, 400, param)
+        # Nested 100,000 deep where a schema or arguments go: copying or rendering such a value
+        # recursed once per level and overflowed the stack (the server died).
+        deep = '{"a":' * 100_000 + "1" + "}" * 100_000
+        prefix = json.dumps(chat)[:-1]
+        for raw, param in [
+            (prefix + ', "tools": [{"type": "function", "function": {"name": "f", "parameters": %s}}]}' % deep, "tools[0]"),
+            (prefix + ', "chat_template_kwargs": %s}' % deep, "chat_template_kwargs"),
+            ('{"max_tokens": 2, "messages": [{"role": "assistant", "content": null, "tool_calls": [{"type": "function", '
+             '"function": {"name": "f", "arguments": %s}}]}, {"role": "user", "content": "hi"}]}' % json.dumps(deep),
+             "messages[0].tool_calls[0].function.arguments"),
+        ]:
+            st, b, _ = self.s.post("/v1/chat/completions", raw.encode())
+            assert_error(self, st, b, 400, param)
         call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}
         history = [
             ([{"role": "assistant", "content": None, "tool_calls": {"x": 1}}], "messages[0].tool_calls"),
