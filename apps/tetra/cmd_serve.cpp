@@ -44,17 +44,6 @@ int64_t parse_bytes(const std::string& text) {
   return int64_t(v * scale);
 }
 
-// The tool-call format a family's chat template teaches its model. Kimi K2 shares DeepSeek-V3's
-// architecture (model_type deepseek_v3) but not its markers: its tokenizer tells them apart.
-std::optional<server::ToolFormat> family_tool_format(const ModelConfig& mc, const tok::Tokenizer& tokenizer) {
-  const std::string& t = mc.model_type;
-  if (t == "qwen3_moe") return server::ToolFormat::Hermes;
-  if (t == "glm4_moe" || t == "glm4_moe_lite" || t == "glm_moe_dsa") return server::ToolFormat::Glm45;
-  if (t == "deepseek_v3")
-    return tokenizer.token_to_id("<|tool_call_begin|>") ? server::ToolFormat::KimiK2 : server::ToolFormat::DeepSeekV3;
-  return std::nullopt;
-}
-
 // Thousands of streams need thousands of descriptors: take the hard limit.
 void raise_fd_limit() {
   rlimit r{};
@@ -183,7 +172,8 @@ int cmd_serve(int argc, char** argv) {
                               : context_length > 0             ? std::min(context_length, mc.max_position_embeddings)
                                                                : mc.max_position_embeddings;
   const std::optional<server::ToolFormat> tool_format =
-      tool_parser == "auto" ? family_tool_format(mc, tokenizer)
+      tool_parser == "auto" ? server::tool_format_for_family(mc.model_type,
+                                                             tokenizer.token_to_id("<|tool_call_begin|>").has_value())
       : tool_parser == "none" ? std::nullopt
                               : server::tool_format_named(tool_parser);
   const std::optional<server::ReasoningFormat> reasoning_format =

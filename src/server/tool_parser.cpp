@@ -164,6 +164,13 @@ const char* tool_format_name(ToolFormat f) {
   return "?";
 }
 
+std::optional<ToolFormat> tool_format_for_family(std::string_view t, bool kimi_markers) {
+  if (t == "qwen3_moe") return ToolFormat::Hermes;
+  if (t == "glm4_moe" || t == "glm4_moe_lite" || t == "glm_moe_dsa") return ToolFormat::Glm45;
+  if (t == "deepseek_v3") return kimi_markers ? ToolFormat::KimiK2 : ToolFormat::DeepSeekV3;
+  return std::nullopt;  // mixtral: no tool-call format of its own
+}
+
 std::optional<ParsedToolCall> parse_tool_call_body(ToolFormat format, std::string_view body, const json& tools) {
   switch (format) {
     case ToolFormat::Hermes: return parse_hermes(body);

@@ -23,6 +23,10 @@ enum class ToolFormat {
 
 std::optional<ToolFormat> tool_format_named(std::string_view name);
 const char* tool_format_name(ToolFormat f);
+// The format a family's chat template teaches its model (model_type from config.json). Kimi K2
+// shares DeepSeek-V3's model_type but not its markers: `kimi_markers` says the tokenizer has
+// Kimi's <|tool_call_begin|>.
+std::optional<ToolFormat> tool_format_for_family(std::string_view model_type, bool kimi_markers);
 
 struct ParsedToolCall {
   std::string id;         // the model's own id (Kimi K2's functions.NAME:IDX), else empty

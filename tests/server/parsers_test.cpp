@@ -79,6 +79,12 @@ TEST(ToolParser, Names) {
   EXPECT_EQ(tool_format_named("deepseek_v3"), ToolFormat::DeepSeekV3);
   EXPECT_EQ(tool_format_named("kimi_k2"), ToolFormat::KimiK2);
   EXPECT_EQ(tool_format_named("mistral"), std::nullopt);
+  EXPECT_EQ(tool_format_for_family("qwen3_moe", false), ToolFormat::Hermes);
+  for (const char* glm : {"glm4_moe", "glm4_moe_lite", "glm_moe_dsa"})
+    EXPECT_EQ(tool_format_for_family(glm, false), ToolFormat::Glm45) << glm;
+  EXPECT_EQ(tool_format_for_family("deepseek_v3", false), ToolFormat::DeepSeekV3);
+  EXPECT_EQ(tool_format_for_family("deepseek_v3", true), ToolFormat::KimiK2);
+  EXPECT_EQ(tool_format_for_family("mixtral", false), std::nullopt);
 }
 
 TEST(ToolParser, HermesQwen3) {
