@@ -209,6 +209,32 @@ TEST(ToolParser, KimiK2) {
   EXPECT_EQ(m.content, bad);
 }
 
+// Random texts built from pieces of every format's markers, JSON and plain text: for every
+// format, any splitting gives what the whole text gives, and text without a complete call
+// comes back unchanged as content (nothing lost, nothing doubled).
+TEST(ToolParser, RandomTextsParseTheSameInAnyPieces) {
+  const std::vector<std::string> pieces = {
+      "<tool_call>", "</tool_call>", "<tool_", "call>", "\n", " ", "{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
+      "{", "}", "\"", "f", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "x",
+      "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "function<｜tool▁sep｜>f\n```json\n{}\n```", "<｜tool▁call▁end｜>",
+      "<｜tool▁calls▁end｜>", "<｜tool", "<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+      "functions.f:0<|tool_call_argument_begin|>{}", "<|tool_call_end|>", "<|tool_calls_section_end|>", "<|tool",
+      "é", "日本", "<", "|"};
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<size_t> pick(0, pieces.size() - 1), count(0, 24);
+  for (int round = 0; round < 400; ++round) {
+    std::string text;
+    for (size_t n = count(rng); n > 0; --n) text += pieces[pick(rng)];
+    for (ToolFormat f : {ToolFormat::Hermes, ToolFormat::Glm45, ToolFormat::DeepSeekV3, ToolFormat::KimiK2}) {
+      ToolResult whole = parse_whole(f, text);
+      for (int k = 0; k < 5; ++k) expect_same(parse_pieces(f, text, rng, 1 + size_t(k) * 3), whole, text);
+      if (whole.calls.empty() && text.find('<') == std::string::npos) {
+        EXPECT_EQ(whole.content, text);
+      }
+    }
+  }
+}
+
 struct ReasoningResult {
   std::string reasoning, content;
 };
