@@ -192,11 +192,15 @@ ToolDelta ToolParser::push(std::string_view text) {
 
 void ToolParser::end_call(std::string_view body, bool terminated, ToolDelta& out) {
   const Markers m = markers_of(format_);
+  last_call_ok_ = false;
   if (auto call = parse_tool_call_body(format_, body, tools_)) {
     out.calls.push_back(std::move(*call));
+    section_has_call_ = last_call_ok_ = true;
+    owed_.clear();
     return;
   }
-  out.content += std::string(m.call_begin) + std::string(body) + (terminated ? std::string(m.call_end) : "");
+  out.content += owed_ + std::string(m.call_begin) + std::string(body) + (terminated ? std::string(m.call_end) : "");
+  owed_.clear();
 }
 
 void ToolParser::step(ToolDelta& out) {
@@ -218,6 +222,8 @@ void ToolParser::step(ToolDelta& out) {
       size_t end = at;
       while (end > 0 && is_space(held_[end - 1])) --end;
       out.content += held_.substr(0, end);
+      owed_ = held_.substr(end, at - end) + (wrapped ? std::string(opener) : std::string());
+      section_has_call_ = false;
       held_.erase(0, at + opener.size());
       state_ = wrapped ? State::Section : State::Call;
     } else if (state_ == State::Call) {
@@ -231,7 +237,18 @@ void ToolParser::step(ToolDelta& out) {
       const size_t call = held_.find(m.call_begin), end = held_.find(m.section_end);
       if (call == std::string::npos && end == std::string::npos) return;
       const size_t at = std::min(call, end);
-      if (!blank(std::string_view(held_).substr(0, at))) out.content += held_.substr(0, at);
+      const std::string between = held_.substr(0, at);
+      if (!blank(between)) {
+        out.content += owed_ + between;
+        owed_.clear();
+      } else if (!section_has_call_) {
+        owed_ += between;  // text again if no call of the section parses
+      }
+      // A section none of whose calls parsed is all text, its markers included.
+      if (at == end && !section_has_call_) {
+        out.content += owed_ + std::string(m.section_end);
+        owed_.clear();
+      }
       held_.erase(0, at + (at == call ? m.call_begin.size() : m.section_end.size()));
       state_ = at == call ? State::Call : State::Text;
     } else {
@@ -241,6 +258,7 @@ void ToolParser::step(ToolDelta& out) {
       const std::string_view rest = std::string_view(held_).substr(lead);
       if (rest.size() < m.call_begin.size() && m.call_begin.substr(0, rest.size()) == rest) return;
       if (rest.substr(0, m.call_begin.size()) == m.call_begin) {
+        owed_ = held_.substr(0, lead);
         held_.erase(0, lead + m.call_begin.size());
         state_ = State::Call;
       } else {
@@ -257,10 +275,12 @@ ToolDelta ToolParser::finish() {
     // A call cut short (the model stopped before its end marker) is kept if its body parses.
     case State::Call: end_call(held_, false, out); break;
     case State::Section:
-      if (!blank(held_)) out.content += held_;
+      if (!markers_of(format_).section_begin.empty() && !section_has_call_) out.content += owed_ + held_;
+      else if (!blank(held_) || !last_call_ok_) out.content += held_;
       break;
   }
   held_.clear();
+  owed_.clear();
   state_ = State::Text;
   return out;
 }

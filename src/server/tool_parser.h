@@ -56,6 +56,11 @@ class ToolParser {
   nlohmann::json tools_;
   State state_ = State::Text;
   std::string held_;
+  // Text consumed on the way into a call (the whitespace before it, a section's opening
+  // marker) that becomes content again should the call not parse.
+  std::string owed_;
+  bool section_has_call_ = false;  // a call of the current section (or run of bare calls) parsed
+  bool last_call_ok_ = false;
 };
 
 // Parses one call's body (the text between its markers); nullopt when it is malformed.

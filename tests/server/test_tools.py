@@ -25,6 +25,8 @@ SCRIPT = [
     {"when": "Weather in Paris?",
      "text": "<think>\nI should call the tool.\n</think>\n\nLet me check.\n<tool_call>\n"
              "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"},
+    {"when": "Broken call",
+     "text": "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>"},
     {"when": "Two tools",
      "text": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n"
              "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n</tool_call>"},
@@ -110,6 +112,25 @@ class ToolsTest(unittest.TestCase):
                                capture_output=True, text=True, timeout=300)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr + s.log_text())
             self.assertIn("all checks passed", r.stdout)
+        finally:
+            self.assertEqual(s.stop(), 0)
+
+    def test_malformed_call_is_content(self):
+        # A call whose JSON does not parse stays content (raw), whole and streamed; no tool_calls.
+        s = Server(env={"TETRA_TESTING_SCRIPT": os.path.join(self.dir, "script.json")})
+        try:
+            tools = [{"type": "function", "function": {"name": "get_weather"}}]
+            chat = {"messages": [{"role": "user", "content": "Broken call"}], "max_tokens": 300, "tools": tools}
+            st, b, _ = s.post("/v1/chat/completions", chat)
+            self.assertEqual(st, 200, b)
+            want = "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>"
+            self.assertEqual(b["choices"][0]["message"]["content"], want)
+            self.assertNotIn("tool_calls", b["choices"][0]["message"])
+            self.assertEqual(b["choices"][0]["finish_reason"], "stop")
+            st, events, raw = s.stream("/v1/chat/completions", {**chat, "stream": True})
+            chunks = harness.stream_chunks(events)
+            self.assertEqual(harness.stream_text(chunks), want)
+            self.assertFalse(any(c["choices"] and "tool_calls" in c["choices"][0]["delta"] for c in chunks))
         finally:
             self.assertEqual(s.stop(), 0)
 
