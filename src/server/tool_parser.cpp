@@ -115,8 +115,15 @@ std::optional<ParsedToolCall> parse_glm(std::string_view body, const json& tools
 std::optional<ParsedToolCall> parse_deepseek(std::string_view body) {
   constexpr std::string_view kSep = "<｜tool▁sep｜>";
   const size_t sep = body.find(kSep);
-  if (sep == std::string_view::npos || trim(body.substr(0, sep)) != "function") return std::nullopt;
+  if (sep == std::string_view::npos) return std::nullopt;
   std::string_view rest = body.substr(sep + kSep.size());
+  if (trim(body.substr(0, sep)) != "function") {
+    // DeepSeek-V3.1 and later drop the type and the fence: NAME<｜tool▁sep｜>{...}.
+    const std::string name(trim(body.substr(0, sep)));
+    auto text = object_text(trim(rest));
+    if (name.empty() || !text) return std::nullopt;
+    return ParsedToolCall{.name = name, .arguments = std::move(*text)};
+  }
   const size_t newline = rest.find('\n');
   if (newline == std::string_view::npos) return std::nullopt;
   const std::string name(trim(rest.substr(0, newline)));

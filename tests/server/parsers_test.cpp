@@ -156,6 +156,14 @@ TEST(ToolParser, Glm45) {
   EXPECT_EQ(r.calls[1].name, "now");
   EXPECT_EQ(args(r.calls[1]), json::object());
 
+  // GLM-4.7 and GLM-5 write no newlines inside the call.
+  ToolResult compact = check_streaming(ToolFormat::Glm45,
+      "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
+      "<arg_value>3</arg_value></tool_call>");
+  ASSERT_EQ(compact.calls.size(), 1u);
+  EXPECT_EQ(compact.calls[0].name, "get_weather");
+  EXPECT_EQ(args(compact.calls[0]), json({{"city", "Paris"}, {"days", 3}}));
+
   // The schema says `days` is a string: the value stays text.
   json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
       "parameters": {"type": "object", "properties": {"days": {"type": "string"}}}}}])");
@@ -183,6 +191,13 @@ TEST(ToolParser, DeepSeekV3) {
   EXPECT_EQ(args(r.calls[0]), json({{"city", "Paris"}}));
   EXPECT_EQ(r.calls[1].name, "add");
   EXPECT_EQ(args(r.calls[1]), json({{"a", 2}, {"b", 3}}));
+
+  // DeepSeek-V3.1's shorter form: NAME<｜tool▁sep｜>{...}.
+  ToolResult v31 = check_streaming(ToolFormat::DeepSeekV3,
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  ASSERT_EQ(v31.calls.size(), 1u);
+  EXPECT_EQ(v31.calls[0].name, "get_weather");
+  EXPECT_EQ(args(v31.calls[0]), json({{"city", "Oslo"}}));
 
   const std::string bad_call = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{oops}\n```<｜tool▁call▁end｜>";
   const std::string bad_section = "Hm. <｜tool▁calls▁begin｜>" + bad_call + "<｜tool▁calls▁end｜>";
