@@ -134,6 +134,20 @@ class ToolsTest(unittest.TestCase):
         finally:
             self.assertEqual(s.stop(), 0)
 
+    def test_bad_testing_script(self):
+        # The test hook fails like any bad input: one sentence, exit 1, before serving.
+        for content in [None, "{\"when\": 1}", "[{\"when\": \"x\"}]"]:
+            path = os.path.join(self.dir, "bad.json")
+            if content is None:
+                path = os.path.join(self.dir, "missing.json")
+            else:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(content)
+            with self.assertRaises(RuntimeError) as e:
+                Server(env={"TETRA_TESTING_SCRIPT": path})
+            self.assertIn("testing script", str(e.exception))
+            self.assertNotIn("terminate called", str(e.exception))
+
     def test_without_parsers(self):
         # --tool-call-parser none: tools with tool_choice auto are refused (as vLLM does without
         # --enable-auto-tool-choice); "none" still renders. No --reasoning-parser: thinking stays content.
