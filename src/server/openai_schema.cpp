@@ -262,7 +262,9 @@ void parse_tools(const json& body, const SchemaLimits& limits, GenerationRequest
       if (!t.is_object()) throw_invalid(at, "'" + at + "' must be an object");
       if (json_nested_deeper_than(t))
         throw_invalid(at, "'" + at + "' is nested deeper than " + std::to_string(kMaxJsonNesting) + " levels");
-      if (t.value("type", json()) != "function") throw_invalid(at + ".type", "'" + at + ".type' must be \"function\"");
+      // `type` may be left out: "function" is the only kind (and vLLM's default).
+      if (t.contains("type") && t["type"] != "function")
+        throw_invalid(at + ".type", "'" + at + ".type' must be \"function\"");
       auto f = t.find("function");
       if (f == t.end() || !f->is_object()) throw_invalid(at + ".function", "'" + at + ".function' must be an object");
       auto name = f->find("name");
@@ -291,7 +293,7 @@ void parse_tools(const json& body, const SchemaLimits& limits, GenerationRequest
       else throw_invalid("tool_choice", shape);
     } else if (choice->is_object()) {
       const json* f = find(*choice, "function");
-      if (choice->value("type", json()) != "function" || !f || !f->is_object() || !f->contains("name") ||
+      if ((choice->contains("type") && (*choice)["type"] != "function") || !f || !f->is_object() || !f->contains("name") ||
           !(*f)["name"].is_string())
         throw_invalid("tool_choice", shape);
       r.tool_choice = ToolChoice::Named;
@@ -300,7 +302,8 @@ void parse_tools(const json& body, const SchemaLimits& limits, GenerationRequest
       throw_invalid("tool_choice", shape);
     }
     if ((r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named) && !have_tools)
-      throw_invalid("tool_choice", "'tool_choice' " + std::string(r.tool_choice == ToolChoice::Named ? "names a function" : "\"required\"") +
+      throw_invalid("tool_choice", std::string(r.tool_choice == ToolChoice::Named ? "'tool_choice' names a function"
+                                                                                  : "'tool_choice' is \"required\"") +
                                        " but 'tools' is empty or missing");
     if (r.tool_choice == ToolChoice::Named) {
       bool known = false;

@@ -40,11 +40,13 @@ std::string_view trim(std::string_view s) {
 
 bool blank(std::string_view s) { return trim(s).empty(); }
 
+std::string dump_text(const ordered_json& j) { return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace); }
+
 // A JSON object's text, or nullopt. Key order is kept (ordered_json), as the model wrote it.
 std::optional<std::string> object_text(std::string_view s) {
   ordered_json j = ordered_json::parse(s, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || json_nested_deeper_than(j)) return std::nullopt;
-  return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+  return dump_text(j);
 }
 
 std::optional<ParsedToolCall> parse_hermes(std::string_view body) {
@@ -56,8 +58,9 @@ std::optional<ParsedToolCall> parse_hermes(std::string_view body) {
   if (args == j.end()) args = j.find("parameters");
   ParsedToolCall call{.name = name->get<std::string>(), .arguments = "{}"};
   if (args != j.end() && !args->is_null()) {
+    // Some models write the arguments as a JSON string holding the object.
     std::optional<std::string> text = args->is_string() ? object_text(args->get_ref<const std::string&>())
-                                      : args->is_object() ? std::optional(args->dump(-1, ' ', false, ordered_json::error_handler_t::replace))
+                                      : args->is_object() ? std::optional(dump_text(*args))
                                                           : std::nullopt;
     if (!text) return std::nullopt;
     call.arguments = std::move(*text);
@@ -109,7 +112,7 @@ std::optional<ParsedToolCall> parse_glm(std::string_view body, const json& tools
     if (json_nested_deeper_than(v)) return std::nullopt;
     args[key] = v.is_discarded() ? ordered_json(std::string(value)) : std::move(v);
   }
-  return ParsedToolCall{.name = name, .arguments = args.dump(-1, ' ', false, ordered_json::error_handler_t::replace)};
+  return ParsedToolCall{.name = name, .arguments = dump_text(args)};
 }
 
 std::optional<ParsedToolCall> parse_deepseek(std::string_view body) {

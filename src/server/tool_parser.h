@@ -15,10 +15,16 @@
 namespace tetra::server {
 
 enum class ToolFormat {
-  Hermes,      // hermes (Qwen3): <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
-  Glm45,       // glm45 (GLM-4.5+, GLM-5): <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value></tool_call>
-  DeepSeekV3,  // deepseek_v3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```<｜tool▁call▁end｜>...
-  KimiK2,      // kimi_k2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>...
+  // hermes (Qwen3): <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
+  Hermes,
+  // glm45 (GLM-4.5+, GLM-5): <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...</tool_call>
+  Glm45,
+  // deepseek_v3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
+  //              <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+  DeepSeekV3,
+  // kimi_k2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>
+  //          {...}<|tool_call_end|>...<|tool_calls_section_end|>
+  KimiK2,
 };
 
 std::optional<ToolFormat> tool_format_named(std::string_view name);

@@ -367,9 +367,12 @@ class ValidationTest(unittest.TestCase):
               "chat_template_kwargs": {"enable_thinking": False},
               "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
                            {"role": "tool", "content": "1", "tool_call_id": "call_1"}]}
-        for choice in ["auto", "none", "required", ok["tool_choice"]]:
+        for choice in ["auto", "none", "required", ok["tool_choice"], {"function": {"name": "f"}}]:
             st, b, _ = self.s.post("/v1/chat/completions", {**ok, "tool_choice": choice})
             self.assertEqual(st, 200, b)
+        # `type` defaults to "function" (vLLM's default).
+        st, b, _ = self.s.post("/v1/chat/completions", {**chat, "max_tokens": 1, "tools": [{"function": {"name": "f"}}]})
+        self.assertEqual(st, 200, b)
         st, b, _ = self.s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2, "tools": [tool]})
         assert_error(self, st, b, 400, "tools")
         self.assertEqual(self.s.request("GET", "/health")[0], 200)
