@@ -112,9 +112,12 @@ void parse_prompt(const json& body, const SchemaLimits& limits, GenerationReques
 
 // An assistant turn's tool calls (as an earlier response returned them) and reasoning.
 void parse_assistant_extras(const json& msg, const std::string& where, json& out) {
-  if (auto rc = msg.find("reasoning_content"); rc != msg.end() && !rc->is_null()) {
-    if (!rc->is_string()) throw_invalid(where + ".reasoning_content", "'" + where + ".reasoning_content' must be a string");
-    out["reasoning_content"] = *rc;
+  // Templates read reasoning_content; vLLM's newer name `reasoning` is taken as the same.
+  for (const char* key : {"reasoning_content", "reasoning"}) {
+    auto rc = msg.find(key);
+    if (rc == msg.end() || rc->is_null()) continue;
+    if (!rc->is_string()) throw_invalid(where + "." + key, "'" + where + "." + key + "' must be a string");
+    if (!out.contains("reasoning_content")) out["reasoning_content"] = *rc;
   }
   auto calls = msg.find("tool_calls");
   if (calls == msg.end() || calls->is_null()) return;

@@ -73,7 +73,8 @@ std::string sse_chunk(const ResponseHeader& h, int index, const ChoiceDelta& d, 
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!d.text.empty() || first) delta["content"] = d.text;
-    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+    // Both names clients read: reasoning_content (vLLM before 0.11, DeepSeek's API) and reasoning.
+    if (!d.reasoning.empty()) delta["reasoning_content"] = delta["reasoning"] = d.reasoning;
     if (d.tool_calls.is_array() && !d.tool_calls.empty()) delta["tool_calls"] = d.tool_calls;
     choice["delta"] = std::move(delta);
   }
@@ -106,7 +107,8 @@ std::string final_body(const ResponseHeader& h, const std::vector<FinalChoice>& 
     else {
       const bool calls = c.tool_calls.is_array() && !c.tool_calls.empty();
       json message = {{"role", "assistant"}, {"content", calls && c.text.empty() ? json(nullptr) : json(c.text)}};
-      if (c.reasoning) message["reasoning_content"] = c.reasoning->empty() ? json(nullptr) : json(*c.reasoning);
+      if (c.reasoning)
+        message["reasoning_content"] = message["reasoning"] = c.reasoning->empty() ? json(nullptr) : json(*c.reasoning);
       if (calls) message["tool_calls"] = c.tool_calls;
       choice["message"] = std::move(message);
     }

@@ -21,7 +21,12 @@ FIXTURE = os.path.join(ROOT, "tests", "fixtures", "qwen3_moe-tiny")
 # First match wins: the tool result's turn contains the first question too.
 SCRIPT = [
     {"when": "<think>\n\n</think>", "text": "Plain answer."},
-    {"when": "<tool_response>\n{\"temp_c\": 21}", "text": "<think>\nThe tool says 21.\n</think>\n\nIt is 21°C in Paris."},
+    # The whole history as Qwen3's template renders it: the turn's reasoning, content and call,
+    # then the tool's result.
+    {"when": "<|im_start|>assistant\n<think>\nI should call the tool.\n</think>\n\nLet me check.\n<tool_call>\n"
+             "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"
+             "<|im_start|>user\n<tool_response>\n{\"temp_c\": 21}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+     "text": "<think>\nThe tool says 21.\n</think>\n\nIt is 21°C in Paris."},
     {"when": "Weather in Paris?",
      "text": "<think>\nI should call the tool.\n</think>\n\nLet me check.\n<tool_call>\n"
              "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"},

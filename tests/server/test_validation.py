@@ -358,6 +358,7 @@ class ValidationTest(unittest.TestCase):
             ([{"role": "assistant", "content": None, "tool_calls": [{**call, "id": 5}]}], "messages[0].tool_calls[0].id"),
             ([{"role": "tool", "content": "r", "tool_call_id": 5}], "messages[0].tool_call_id"),
             ([{"role": "assistant", "content": "x", "reasoning_content": 5}], "messages[0].reasoning_content"),
+            ([{"role": "assistant", "content": "x", "reasoning": [1]}], "messages[0].reasoning"),
         ]
         for messages, param in history:
             st, b, _ = self.s.post("/v1/chat/completions", {**chat, "messages": messages + chat["messages"]})

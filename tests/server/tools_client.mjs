@@ -22,7 +22,7 @@ const base = { model, tools, max_tokens: 300, temperature: 0 };
 // Streams a request and puts the deltas back together the way clients do (tool calls by index,
 // arguments concatenated).
 async function streamed(body) {
-  const out = { content: "", reasoning: "", calls: [], finish: null, role: null };
+  const out = { content: "", reasoning: "", reasoning2: "", calls: [], finish: null, role: null };
   const s = await client.chat.completions.create({ ...body, stream: true });
   for await (const chunk of s) {
     const ch = chunk.choices[0];
@@ -31,6 +31,7 @@ async function streamed(body) {
     if (d.role) out.role = d.role;
     if (d.content) out.content += d.content;
     if (d.reasoning_content) out.reasoning += d.reasoning_content;
+    if (d.reasoning) out.reasoning2 += d.reasoning;
     for (const tc of d.tool_calls ?? []) {
       assert.equal(typeof tc.index, "number");
       const call = (out.calls[tc.index] ??= { id: "", type: "", function: { name: "", arguments: "" } });
@@ -62,6 +63,7 @@ assert.equal(first.choices[0].finish_reason, "tool_calls");
 assert.equal(m1.role, "assistant");
 assert.equal(m1.content, "\n\nLet me check.");  // what follows </think>, as vLLM returns it
 assert.equal(m1.reasoning_content, "\nI should call the tool.\n");
+assert.equal(m1.reasoning, m1.reasoning_content);  // vLLM 0.11+'s name for the same
 assert.equal(m1.tool_calls.length, 1);
 assert.equal(m1.tool_calls[0].type, "function");
 assert.match(m1.tool_calls[0].id, /^chatcmpl-tool-/);
@@ -72,6 +74,7 @@ assert.equal(s1.role, "assistant");
 assert.equal(s1.finish, "tool_calls");
 assert.equal(s1.content, m1.content);
 assert.equal(s1.reasoning, m1.reasoning_content);
+assert.equal(s1.reasoning2, m1.reasoning_content);
 sameCalls(s1.calls, m1.tool_calls);
 
 // 2. The tool's result goes back with the call (the message as returned); the model answers.
@@ -82,6 +85,10 @@ assert.equal(second.choices[0].finish_reason, "stop");
 assert.equal(m2.content, "\n\nIt is 21°C in Paris.");
 assert.equal(m2.reasoning_content, "\nThe tool says 21.\n");
 assert.ok(!m2.tool_calls || m2.tool_calls.length === 0);
+// The same history with the reasoning under vLLM 0.11+'s name only: the template still gets it.
+const { reasoning_content: _, ...m1Renamed } = m1;
+const renamed = await client.chat.completions.create({ ...base, messages: [user, m1Renamed, history[2]] });
+assert.equal(renamed.choices[0].message.content, m2.content);
 const s2 = await streamed({ ...base, messages: history });
 assert.equal(s2.finish, "stop");
 assert.equal(s2.content, m2.content);
