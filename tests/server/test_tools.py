@@ -27,6 +27,8 @@ SCRIPT = [
              "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"
              "<|im_start|>user\n<tool_response>\n{\"temp_c\": 21}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
      "text": "<think>\nThe tool says 21.\n</think>\n\nIt is 21°C in Paris."},
+    # The same result after a turn whose reasoning was not sent back.
+    {"when": "<tool_response>\n{\"temp_c\": 21}\n</tool_response>", "text": "21°C; your history had no reasoning."},
     {"when": "Weather in Paris?",
      "text": "<think>\nI should call the tool.\n</think>\n\nLet me check.\n<tool_call>\n"
              "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"},

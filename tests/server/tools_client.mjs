@@ -95,6 +95,22 @@ assert.equal(s2.content, m2.content);
 assert.equal(s2.reasoning, m2.reasoning_content);
 assert.equal(s2.calls.length, 0);
 
+// 2b. The SDK's own tool loop (beta runTools), streamed and not: it runs get_weather with the
+// parsed arguments, sends the result back under the call's id and returns the final answer.
+// Streamed, the SDK rebuilds the turn from the deltas without the reasoning fields, so the
+// history it sends back has none (the script answers that history differently).
+for (const stream of [false, true]) {
+  const seen = [];
+  const runner = client.beta.chat.completions.runTools({
+    ...base, stream, messages: [user],
+    tools: [{ type: "function", function: { name: "get_weather", parse: JSON.parse,
+                                            parameters: tools[0].function.parameters,
+                                            function: (args) => { seen.push(args); return '{"temp_c": 21}'; } } }],
+  });
+  assert.equal(await runner.finalContent(), stream ? "21°C; your history had no reasoning." : m2.content);
+  assert.deepEqual(seen, [{ city: "Paris" }]);
+}
+
 // 3. Two calls in one turn: indexes 0 and 1; parallel_tool_calls false keeps the first.
 const two = [{ role: "user", content: "Two tools please" }];
 const p = await client.chat.completions.create({ ...base, messages: two });
