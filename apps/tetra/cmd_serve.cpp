@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -177,6 +178,17 @@ int cmd_serve(int argc, char** argv) {
                  "seconds SIGTERM lets running requests finish (0: abort them at once)")->check(CLI::Range(0.0, 86400.0));
   app.add_option("--read-timeout", read_timeout, "seconds a client has to send a whole request")
       ->check(CLI::Range(0.1, 3600.0));
+  std::string tool_parser = "auto", reasoning_parser;
+  app.add_option("--tool-call-parser", tool_parser,
+                 "tool-call format of the model's output: hermes (Qwen3), glm45 (GLM-4.5+, GLM-5), deepseek_v3, "
+                 "kimi_k2; auto: from the model family; none: no tool calls")
+      ->check(CLI::IsMember({"auto", "none", "hermes", "glm45", "glm47", "deepseek_v3", "kimi_k2"}));
+  bool auto_tool_choice = false;
+  app.add_flag("--enable-auto-tool-choice", auto_tool_choice, "accepted for vLLM compatibility: tool_choice \"auto\" works "
+                                            "whenever a tool-call parser is set");
+  app.add_option("--reasoning-parser", reasoning_parser,
+                 "split <think>...</think> into reasoning_content: qwen3, glm45, deepseek_r1 (default: off)")
+      ->check(CLI::IsMember({"qwen3", "glm45", "deepseek_r1"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -221,6 +233,13 @@ int cmd_serve(int argc, char** argv) {
   if (!allowed_origins.empty()) cors.origins = server::parse_list_flag("--allowed-origins", allowed_origins);
   cors.methods = server::parse_list_flag("--allowed-methods", allowed_methods);
   cors.headers = server::parse_list_flag("--allowed-headers", allowed_headers);
+  std::optional<server::TestingScript> testing_script;
+  if (const char* v = std::getenv("TETRA_TESTING_SCRIPT"); v && *v) {
+    // Tests only: scripted replies instead of the model's tokens (server/testing_script.h).
+    testing_script = server::TestingScript::load(v);
+    std::fprintf(stderr, "tetra serve: TETRA_TESTING_SCRIPT=%s: %zu scripted replies replace the model's (testing)\n",
+                 v, testing_script->size());
+  }
   raise_fd_limit();
 
   // The device answers (or the command ends with one sentence) before the server listens.
@@ -266,12 +285,25 @@ int cmd_serve(int argc, char** argv) {
   const int64_t max_context = engine.config().max_context > 0 ? engine.config().max_context
                               : context_length > 0             ? std::min(context_length, mc.max_position_embeddings)
                                                                : mc.max_position_embeddings;
+  const std::optional<server::ToolFormat> tool_format =
+      tool_parser == "auto" ? server::tool_format_for_family(mc.model_type,
+                                                             tokenizer.token_to_id("<|tool_call_begin|>").has_value())
+      : tool_parser == "none" ? std::nullopt
+                              : server::tool_format_named(tool_parser);
+  const std::optional<server::ReasoningFormat> reasoning_format =
+      reasoning_parser.empty() ? std::nullopt : server::reasoning_format_named(reasoning_parser);
+  std::fprintf(stderr, "tetra serve: tool-call parser %s, reasoning parser %s\n",
+               tool_format ? server::tool_format_name(*tool_format) : "none",
+               reasoning_format ? server::reasoning_format_name(*reasoning_format) : "none");
   srv.set_ready({.engine = &engine,
                  .tokenizer = &tokenizer,
                  .model_names = served_names,
                  .max_context = max_context,
                  .vocab_size = mc.vocab_size,
-                 .sampling_defaults = defaults});
+                 .sampling_defaults = defaults,
+                 .tool_format = tool_format,
+                 .reasoning_format = reasoning_format,
+                 .testing_script = testing_script ? &*testing_script : nullptr});
   const runtime::EngineStats stats = engine.stats();
   std::fprintf(stderr, "tetra serve: ready: %s, context %lld tokens, %lld KV blocks, http://%s:%d/v1\n",
                served_names.front().c_str(), static_cast<long long>(max_context),

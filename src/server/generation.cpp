@@ -25,20 +25,27 @@ std::string make_id(Endpoint e) {
 }  // namespace
 
 Generation::Generation(ServerState& state, GenerationRequest request, std::vector<int32_t> prompt,
-                       int64_t max_tokens, Clock::time_point arrival)
+                       int64_t max_tokens, Clock::time_point arrival, GenerationExtras extras)
     : state_(state),
       engine_(*state.context.engine),
       request_(std::move(request)),
       prompt_(std::move(prompt)),
       max_tokens_(max_tokens),
-      arrival_(arrival) {
+      arrival_(arrival),
+      extras_(std::move(extras)) {
   header_ = {.endpoint = request_.endpoint,
              .id = make_id(request_.endpoint),
              .created = int64_t(std::time(nullptr)),
              .model = state.context.model_names.front()};
   choices_.resize(size_t(request_.n));
+  const bool parse = request_.endpoint == Endpoint::ChatCompletions &&
+                     (extras_.chat.reasoning || extras_.chat.tool_format);
   for (Choice& c : choices_) {
-    c.text = std::make_unique<TextStream>(*state.context.tokenizer, request_.stop, request_.skip_special_tokens);
+    // Parsed output keeps special tokens: DeepSeek-V3's and Kimi K2's markers are special
+    // tokens (vLLM's tool parsers turn skip_special_tokens off for the same reason).
+    c.text = std::make_unique<TextStream>(*state.context.tokenizer, request_.stop,
+                                          request_.skip_special_tokens && !parse);
+    if (parse) c.chat = std::make_unique<ChatOutput>(extras_.chat);
     if (request_.logprobs)
       c.logprobs = std::make_unique<LogprobsBuilder>(request_.endpoint, *state.context.tokenizer);
   }
@@ -58,7 +65,7 @@ void Generation::submit() {
                   .presence_penalty = request_.presence_penalty,
                   .frequency_penalty = request_.frequency_penalty};
     p.seed = seed + uint64_t(i);  // n choices: seeds seed, seed+1, ...
-    p.ignore_eos = request_.ignore_eos;
+    p.ignore_eos = request_.ignore_eos || !extras_.script.empty();  // a script ends where it ends
     p.top_logprobs = request_.logprobs ? request_.top_logprobs : 0;
     auto self = shared_from_this();
     runtime::SubmitResult r = engine_.submit(
@@ -143,7 +150,11 @@ void Generation::handle(int index, const runtime::RequestOutput& out) {
   const double gap = out.tokens.empty() ? 0.0
                      : std::chrono::duration<double>(now - c.last_token).count() / double(out.tokens.size());
   const bool had_previous = c.completion_tokens > 0;
-  for (const runtime::TokenOutput& t : out.tokens) {
+  const std::vector<int32_t>& script = extras_.script;
+  bool script_done = false;
+  for (size_t k = 0; k < out.tokens.size(); ++k) {
+    runtime::TokenOutput t = out.tokens[k];
+    if (!script.empty()) t.token = script[size_t(c.completion_tokens)];  // tests only
     if (c.completion_tokens == 0) {
       const double ttft = seconds_since(arrival_);
       state_.metrics.observe_ttft(ttft);
@@ -152,17 +163,28 @@ void Generation::handle(int index, const runtime::RequestOutput& out) {
     else if (had_previous) state_.metrics.observe_inter_token(gap);
     ++c.completion_tokens;
     const int64_t offset = int64_t(c.full_text.size() + delta.size());
-    delta += c.text->push(t.token);
+    // With special tokens kept for the parsers, the end-of-turn token is still not text.
+    const bool eos = c.chat && out.finish == runtime::FinishReason::Stop && k + 1 == out.tokens.size();
+    if (!eos) delta += c.text->push(t.token);
     if (c.logprobs) c.logprobs->add(t, offset);
     if (c.text->stopped()) {
       stopped = true;
+      break;
+    }
+    if (!script.empty() && size_t(c.completion_tokens) == script.size()) {
+      script_done = true;
       break;
     }
   }
   if (!out.tokens.empty()) c.last_token = now;
 
   const char* reason = nullptr;
-  if (stopped) {
+  if (script_done && !stopped) {
+    delta += c.text->finish();
+    reason = "stop";
+    if (out.finish == runtime::FinishReason::None) engine_.abort(c.request_id);
+    else c.engine_done = true;
+  } else if (stopped) {
     reason = "stop";
     if (out.finish == runtime::FinishReason::None) engine_.abort(c.request_id);
     else c.engine_done = true;
@@ -176,15 +198,44 @@ void Generation::handle(int index, const runtime::RequestOutput& out) {
     reason = c.text->stopped() ? "stop" : runtime::finish_reason_name(out.finish);
   }
   c.full_text += delta;
+  ChoiceDelta d = c.chat ? parse_chat(c, delta, reason != nullptr) : ChoiceDelta{.text = delta};
+  // A turn that made tool calls ends with "tool_calls", as vLLM reports it.
+  if (reason && !c.tool_calls.empty()) reason = "tool_calls";
   if (request_.stream) {
     const bool has_logprobs = c.logprobs && !c.logprobs->empty();
-    if (!delta.empty() || reason || has_logprobs || !c.sent_first) {
+    const bool has_delta = !d.text.empty() || !d.reasoning.empty() || !d.tool_calls.is_null();
+    if (has_delta || reason || has_logprobs || !c.sent_first) {
       const nlohmann::json lp = has_logprobs ? c.logprobs->take() : nlohmann::json(nullptr);
-      out_ += sse_chunk(header_, index, delta, !c.sent_first, lp, reason, request_.include_usage);
+      out_ += sse_chunk(header_, index, d, !c.sent_first, lp, reason, request_.include_usage);
       c.sent_first = true;
     }
   }
   if (reason) finish_choice(c, reason);
+}
+
+ChoiceDelta Generation::parse_chat(Choice& c, const std::string& text, bool last) {
+  ChatDelta parsed = c.chat->push(text);
+  if (last) {
+    ChatDelta tail = c.chat->finish();
+    parsed.reasoning += tail.reasoning;
+    parsed.content += tail.content;
+    parsed.calls.insert(parsed.calls.end(), tail.calls.begin(), tail.calls.end());
+  }
+  ChoiceDelta d{.text = parsed.content, .reasoning = parsed.reasoning};
+  c.content += parsed.content;
+  c.reasoning += parsed.reasoning;
+  for (IndexedToolCall& ic : parsed.calls) {
+    char id[40];
+    std::snprintf(id, sizeof id, "chatcmpl-tool-%016llx", static_cast<unsigned long long>(random_u64()));
+    nlohmann::json call = {{"id", ic.call.id.empty() ? std::string(id) : ic.call.id},
+                           {"type", "function"},
+                           {"function", {{"name", ic.call.name}, {"arguments", ic.call.arguments}}}};
+    c.tool_calls.push_back(call);
+    call["index"] = ic.index;
+    if (d.tool_calls.is_null()) d.tool_calls = nlohmann::json::array();
+    d.tool_calls.push_back(std::move(call));
+  }
+  return d;
 }
 
 void Generation::finish_choice(Choice& c, const char* reason) {
@@ -208,7 +259,9 @@ void Generation::complete() {
   }
   std::vector<FinalChoice> finals;
   for (Choice& c : choices_)
-    finals.push_back({.text = c.full_text,
+    finals.push_back({.text = c.chat ? c.content : c.full_text,
+                      .reasoning = c.chat && c.chat->reasoning_enabled() ? std::optional(c.reasoning) : std::nullopt,
+                      .tool_calls = c.tool_calls.empty() ? nlohmann::json(nullptr) : c.tool_calls,
                       .logprobs = c.logprobs ? c.logprobs->take() : nlohmann::json(nullptr),
                       .finish_reason = c.finish});
   out_ = final_body(header_, finals, usage);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "server/chat_output.h"
 #include "server/openai_schema.h"
 #include "server/responses.h"
 #include "server/server_state.h"
@@ -19,13 +20,20 @@
 
 namespace tetra::server {
 
+// What a request adds beyond its fields: how chat output is parsed, and (tests only) the
+// scripted tokens that replace the model's (TestingScript).
+struct GenerationExtras {
+  ChatOutputOptions chat;
+  std::vector<int32_t> script;  // empty: the model's own tokens
+};
+
 // Runs a closure on the owning connection's strand.
 using Post = std::function<void(std::function<void()>)>;
 
 class Generation : public std::enable_shared_from_this<Generation> {
  public:
   Generation(ServerState& state, GenerationRequest request, std::vector<int32_t> prompt,
-             int64_t max_tokens, Clock::time_point arrival);
+             int64_t max_tokens, Clock::time_point arrival, GenerationExtras extras = {});
   ~Generation();
 
   // Submits the n engine requests. On a refusal, aborts those already queued and throws
@@ -61,6 +69,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
     std::unique_ptr<TextStream> text;
     std::unique_ptr<LogprobsBuilder> logprobs;
     std::string full_text;        // everything emitted (non-streaming body, text offsets)
+    std::unique_ptr<ChatOutput> chat;  // reasoning / tool-call parsing; null: text is content
+    std::string reasoning, content;    // what `chat` made of full_text
+    nlohmann::json tool_calls = nlohmann::json::array();
     const char* finish = nullptr; // set once this choice is done from the client's view
     bool engine_done = false;
     bool sent_first = false;
@@ -75,6 +86,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   void on_output(int index, const runtime::RequestOutput& out);  // engine thread
   void drain_pending();                                          // strand
   void handle(int index, const runtime::RequestOutput& out);
+  ChoiceDelta parse_chat(Choice& c, const std::string& text, bool last);
   void finish_choice(Choice& c, const char* reason);
   void complete();
   void fail(const std::string& message);
@@ -86,6 +98,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   int64_t max_tokens_;
   Clock::time_point arrival_;
   ResponseHeader header_;
+  GenerationExtras extras_;
   std::vector<Choice> choices_;
   int64_t cached_tokens_ = 0;
   double ttft_s_ = -1;

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "formats/json_fields.h"
+#include "server/json_depth.h"
 
 namespace tetra::server {
 namespace {
@@ -109,6 +110,50 @@ void parse_prompt(const json& body, const SchemaLimits& limits, GenerationReques
   }
 }
 
+// An assistant turn's tool calls (as an earlier response returned them) and reasoning.
+void parse_assistant_extras(const json& msg, const std::string& where, json& out) {
+  // Templates read reasoning_content; vLLM's newer name `reasoning` is taken as the same.
+  for (const char* key : {"reasoning_content", "reasoning"}) {
+    auto rc = msg.find(key);
+    if (rc == msg.end() || rc->is_null()) continue;
+    if (!rc->is_string()) throw_invalid(where + "." + key, "'" + where + "." + key + "' must be a string");
+    if (!out.contains("reasoning_content")) out["reasoning_content"] = *rc;
+  }
+  auto calls = msg.find("tool_calls");
+  if (calls == msg.end() || calls->is_null()) return;
+  if (!calls->is_array()) throw_invalid(where + ".tool_calls", "'" + where + ".tool_calls' must be an array");
+  json list = json::array();
+  for (size_t j = 0; j < calls->size(); ++j) {
+    const json& c = (*calls)[j];
+    const std::string at = where + ".tool_calls[" + std::to_string(j) + "]";
+    if (!c.is_object()) throw_invalid(at, "'" + at + "' must be an object");
+    if (c.contains("type") && c["type"] != "function") throw_invalid(at + ".type", "'" + at + ".type' must be \"function\"");
+    if (c.contains("id") && !c["id"].is_string()) throw_invalid(at + ".id", "'" + at + ".id' must be a string");
+    auto f = c.find("function");
+    if (f == c.end() || !f->is_object()) throw_invalid(at + ".function", "'" + at + ".function' must be an object");
+    auto name = f->find("name");
+    if (name == f->end() || !name->is_string() || name->get_ref<const std::string&>().empty())
+      throw_invalid(at + ".function.name", "'" + at + ".function.name' must be a non-empty string");
+    const json* args_in = f->contains("arguments") ? &(*f)["arguments"] : nullptr;
+    // Arguments are a JSON object written as a string (OpenAI); templates get the object.
+    if (args_in && args_in->is_string()) {
+      json parsed = json::parse(args_in->get_ref<const std::string&>(), nullptr, false);
+      if (parsed.is_discarded() || !parsed.is_object())
+        throw_invalid(at + ".function.arguments", "'" + at + ".function.arguments' must be a JSON object encoded as a string");
+      if (json_nested_deeper_than(parsed))
+        throw_invalid(at + ".function.arguments", "'" + at + ".function.arguments' is nested deeper than " +
+                                                      std::to_string(kMaxJsonNesting) + " levels");
+    } else if (args_in && (!args_in->is_object() || json_nested_deeper_than(*args_in))) {
+      throw_invalid(at + ".function.arguments", "'" + at + ".function.arguments' must be a string");
+    }
+    json args = args_in ? *args_in : json("{}");
+    json call = {{"type", "function"}, {"function", {{"name", *name}, {"arguments", args}}}};
+    if (c.contains("id")) call["id"] = c["id"];
+    list.push_back(std::move(call));
+  }
+  out["tool_calls"] = std::move(list);
+}
+
 void parse_messages(const json& body, const SchemaLimits& limits, GenerationRequest& r) {
   const json* m = find(body, "messages");
   if (!m) throw_invalid("messages", "'messages' is required");
@@ -147,6 +192,11 @@ void parse_messages(const json& body, const SchemaLimits& limits, GenerationRequ
       throw_invalid(where + ".content", "'" + where + ".content' must be a string or an array of text parts");
     }
     if (auto name = msg.find("name"); name != msg.end() && name->is_string()) out["name"] = *name;
+    if (*role == "assistant") parse_assistant_extras(msg, where, out);
+    if (auto id = msg.find("tool_call_id"); id != msg.end() && !id->is_null()) {
+      if (!id->is_string()) throw_invalid(where + ".tool_call_id", "'" + where + ".tool_call_id' must be a string");
+      out["tool_call_id"] = *id;
+    }
     r.messages.push_back(std::move(out));
   }
 }
@@ -202,9 +252,80 @@ void refuse_unsupported(const json& body, const SchemaLimits& limits) {
     if ((*rf)["type"] != "text")
       throw_invalid("response_format", "'response_format' of type " + (*rf)["type"].dump() + " is not supported");
   }
+}
+
+void parse_tools(const json& body, const SchemaLimits& limits, GenerationRequest& r) {
   if (const json* tools = find(body, "tools")) {
-    if (!tools->is_array()) throw_invalid("tools", "'tools' must be an array");
-    if (!tools->empty()) throw_invalid("tools", "'tools' are not supported yet");
+    if (!tools->is_array()) throw_invalid("tools", std::string("'tools' must be an array, got ") + json_kind(*tools));
+    if (tools->size() > limits.max_tools)
+      throw_invalid("tools", "'tools' takes at most " + std::to_string(limits.max_tools) + " functions");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string at = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object()) throw_invalid(at, "'" + at + "' must be an object");
+      if (json_nested_deeper_than(t))
+        throw_invalid(at, "'" + at + "' is nested deeper than " + std::to_string(kMaxJsonNesting) + " levels");
+      // `type` may be left out: "function" is the only kind (and vLLM's default).
+      if (t.contains("type") && t["type"] != "function")
+        throw_invalid(at + ".type", "'" + at + ".type' must be \"function\"");
+      auto f = t.find("function");
+      if (f == t.end() || !f->is_object()) throw_invalid(at + ".function", "'" + at + ".function' must be an object");
+      auto name = f->find("name");
+      if (name == f->end() || !name->is_string() || name->get_ref<const std::string&>().empty() ||
+          name->get_ref<const std::string&>().size() > 256)
+        throw_invalid(at + ".function.name", "'" + at + ".function.name' must be a non-empty string of at most 256 bytes");
+      if (f->contains("description") && !(*f)["description"].is_string() && !(*f)["description"].is_null())
+        throw_invalid(at + ".function.description", "'" + at + ".function.description' must be a string");
+      if (f->contains("parameters") && !(*f)["parameters"].is_object() && !(*f)["parameters"].is_null())
+        throw_invalid(at + ".function.parameters", "'" + at + ".function.parameters' must be a JSON Schema object");
+      if (f->contains("strict") && !(*f)["strict"].is_boolean() && !(*f)["strict"].is_null())
+        throw_invalid(at + ".function.strict", "'" + at + ".function.strict' must be a boolean");
+    }
+    if (!tools->empty()) r.tools = *tools;
+  }
+  const bool have_tools = !r.tools.is_null();
+  r.tool_choice = have_tools ? ToolChoice::Auto : ToolChoice::None;
+  if (const json* choice = find(body, "tool_choice")) {
+    const char* shape = "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                        "{\"type\": \"function\", \"function\": {\"name\": ...}}";
+    if (choice->is_string()) {
+      const std::string& c = choice->get_ref<const std::string&>();
+      if (c == "none") r.tool_choice = ToolChoice::None;
+      else if (c == "auto") r.tool_choice = have_tools ? ToolChoice::Auto : ToolChoice::None;
+      else if (c == "required") r.tool_choice = ToolChoice::Required;
+      else throw_invalid("tool_choice", shape);
+    } else if (choice->is_object()) {
+      const json* f = find(*choice, "function");
+      if ((choice->contains("type") && (*choice)["type"] != "function") || !f || !f->is_object() || !f->contains("name") ||
+          !(*f)["name"].is_string())
+        throw_invalid("tool_choice", shape);
+      r.tool_choice = ToolChoice::Named;
+      r.tool_choice_name = (*f)["name"].get<std::string>();
+    } else {
+      throw_invalid("tool_choice", shape);
+    }
+    if ((r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named) && !have_tools)
+      throw_invalid("tool_choice", std::string(r.tool_choice == ToolChoice::Named ? "'tool_choice' names a function"
+                                                                                  : "'tool_choice' is \"required\"") +
+                                       " but 'tools' is empty or missing");
+    if (r.tool_choice == ToolChoice::Named) {
+      bool known = false;
+      for (const json& t : r.tools) known = known || t["function"]["name"] == r.tool_choice_name;
+      if (!known)
+        throw_invalid("tool_choice", "'tool_choice' names function '" + r.tool_choice_name.substr(0, 256) +
+                                         "', which is not in 'tools'");
+    }
+  }
+  if (auto p = get_bool(body, "parallel_tool_calls")) r.parallel_tool_calls = *p;
+  if (const json* kw = find(body, "chat_template_kwargs")) {
+    if (!kw->is_object() || json_nested_deeper_than(*kw))
+      throw_invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object nested at most " +
+                                                std::to_string(kMaxJsonNesting) + " levels");
+    // The request's own fields set these; a keyword may not replace them.
+    for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token"})
+      if (kw->contains(reserved))
+        throw_invalid("chat_template_kwargs", std::string("'chat_template_kwargs' may not set '") + reserved + "'");
+    r.chat_template_kwargs = *kw;
   }
 }
 
@@ -233,7 +354,7 @@ GenerationRequest parse_generation_request(Endpoint endpoint, const json& body,
       "top_k", "seed", "stop", "n", "logprobs", "top_logprobs", "stream", "stream_options",
       "presence_penalty", "frequency_penalty", "ignore_eos", "skip_special_tokens", "best_of",
       "echo", "suffix", "logit_bias", "response_format", "tools", "tool_choice",
-      "add_generation_prompt"};
+      "add_generation_prompt", "parallel_tool_calls", "chat_template_kwargs"};
   GenerationRequest r;
   r.endpoint = endpoint;
   for (auto it = body.begin(); it != body.end(); ++it)
@@ -242,10 +363,13 @@ GenerationRequest parse_generation_request(Endpoint endpoint, const json& body,
   if (auto m = get_string(body, "model")) r.model = *m;
   if (endpoint == Endpoint::Completions) {
     parse_prompt(body, limits, r);
+    if (const json* tools = find(body, "tools"); tools && (!tools->is_array() || !tools->empty()))
+      throw_invalid("tools", "'tools' needs /v1/chat/completions");
   } else {
     if (body.contains("prompt")) throw_invalid("prompt", "chat completions take 'messages', not 'prompt'");
     parse_messages(body, limits, r);
     if (auto g = get_bool(body, "add_generation_prompt")) r.add_generation_prompt = *g;
+    parse_tools(body, limits, r);
   }
   refuse_unsupported(body, limits);
 

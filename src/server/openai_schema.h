@@ -42,7 +42,11 @@ struct SchemaLimits {
   size_t max_stop_bytes = 256; // bytes per stop string
   int max_top_logprobs = 20;
   size_t max_messages = 4096;
+  size_t max_tools = 128;
 };
+
+// tool_choice: "auto" (the model decides), "none", "required" or one named function.
+enum class ToolChoice { Auto, None, Required, Named };
 
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::Completions;
@@ -52,6 +56,11 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_ids;
   nlohmann::json messages;
   bool add_generation_prompt = true;
+  nlohmann::json tools;  // null, or validated: [{"type": "function", "function": {"name", ...}}]
+  ToolChoice tool_choice = ToolChoice::None;  // "auto" when tools are given without a choice
+  std::string tool_choice_name;               // ToolChoice::Named: the function
+  bool parallel_tool_calls = true;
+  nlohmann::json chat_template_kwargs = nlohmann::json::object();  // extra template variables
 
   std::optional<int64_t> max_tokens;  // the smaller of max_tokens and max_completion_tokens
   float temperature = 1.0f;

@@ -64,15 +64,18 @@ json envelope(const ResponseHeader& h, bool chunk) {
 }
 }  // namespace
 
-std::string sse_chunk(const ResponseHeader& h, int index, const std::string& text, bool first,
+std::string sse_chunk(const ResponseHeader& h, int index, const ChoiceDelta& d, bool first,
                       const json& logprobs, const char* finish_reason, bool with_usage_field) {
   json choice = {{"index", index}};
   if (h.endpoint == Endpoint::Completions) {
-    choice["text"] = text;
+    choice["text"] = d.text;
   } else {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (!text.empty() || first) delta["content"] = text;
+    if (!d.text.empty() || first) delta["content"] = d.text;
+    // Both names clients read: reasoning_content (vLLM before 0.11, DeepSeek's API) and reasoning.
+    if (!d.reasoning.empty()) delta["reasoning_content"] = delta["reasoning"] = d.reasoning;
+    if (d.tool_calls.is_array() && !d.tool_calls.empty()) delta["tool_calls"] = d.tool_calls;
     choice["delta"] = std::move(delta);
   }
   choice["logprobs"] = logprobs;
@@ -101,7 +104,14 @@ std::string final_body(const ResponseHeader& h, const std::vector<FinalChoice>& 
     const FinalChoice& c = choices[i];
     json choice = {{"index", i}};
     if (h.endpoint == Endpoint::Completions) choice["text"] = c.text;
-    else choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    else {
+      const bool calls = c.tool_calls.is_array() && !c.tool_calls.empty();
+      json message = {{"role", "assistant"}, {"content", calls && c.text.empty() ? json(nullptr) : json(c.text)}};
+      if (c.reasoning)
+        message["reasoning_content"] = message["reasoning"] = c.reasoning->empty() ? json(nullptr) : json(*c.reasoning);
+      if (calls) message["tool_calls"] = c.tool_calls;
+      choice["message"] = std::move(message);
+    }
     choice["logprobs"] = c.logprobs;
     choice["finish_reason"] = c.finish_reason;
     list.push_back(std::move(choice));

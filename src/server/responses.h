@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,8 +51,16 @@ class LogprobsBuilder {
 
 nlohmann::json usage_json(const Usage& u);
 
+// What one streamed event adds to a choice: text (content), and for chat the reasoning and
+// tool calls split off by the output parsers.
+struct ChoiceDelta {
+  std::string text;
+  std::string reasoning;
+  nlohmann::json tool_calls;  // null or [{"index", "id", "type", "function": {"name", "arguments"}}]
+};
+
 // One `data:` event for choice `index` (finish_reason null while it runs).
-std::string sse_chunk(const ResponseHeader& h, int index, const std::string& text, bool first,
+std::string sse_chunk(const ResponseHeader& h, int index, const ChoiceDelta& delta, bool first,
                       const nlohmann::json& logprobs, const char* finish_reason, bool with_usage_field);
 std::string sse_usage_chunk(const ResponseHeader& h, const Usage& u);
 std::string sse_error(const ApiError& e);
@@ -59,6 +68,8 @@ std::string sse_done();
 
 struct FinalChoice {
   std::string text;
+  std::optional<std::string> reasoning;  // set: the message carries reasoning_content
+  nlohmann::json tool_calls;             // null or a non-empty array
   nlohmann::json logprobs;  // null when not asked
   const char* finish_reason = "stop";
 };

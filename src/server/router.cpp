@@ -98,10 +98,9 @@ std::string render(const tok::Tokenizer& tokenizer, const tok::ChatRequest& chat
 // a message). So client text is rendered as placeholders, and the pieces between them are
 // encoded with specials, the client text without. Should the template rewrite a placeholder
 // (it changed the text), the whole render is encoded as is.
-std::vector<int32_t> chat_prompt_tokens(const tok::Tokenizer& tokenizer, const GenerationRequest& r) {
-  tok::ChatRequest chat;
-  chat.messages = r.messages;
-  chat.add_generation_prompt = r.add_generation_prompt;
+std::vector<int32_t> chat_prompt_tokens(const tok::Tokenizer& tokenizer, const tok::ChatRequest& request,
+                                        std::string& rendered) {
+  tok::ChatRequest chat = request;
   char nonce[24];
   std::snprintf(nonce, sizeof nonce, "%016llx", static_cast<unsigned long long>(
                                                     std::chrono::steady_clock::now().time_since_epoch().count()));
@@ -113,6 +112,11 @@ std::vector<int32_t> chat_prompt_tokens(const tok::Tokenizer& tokenizer, const G
     contents.push_back(std::exchange(m["content"], holders.back()).get<std::string>());
   }
   const std::string text = render(tokenizer, chat);
+  rendered = text;
+  for (size_t i = 0; i < holders.size(); ++i) {
+    const size_t p = rendered.find(holders[i]);
+    if (p != std::string::npos) rendered.replace(p, holders[i].size(), contents[i]);
+  }
   std::vector<std::pair<size_t, size_t>> at;  // (position, which)
   for (size_t i = 0; i < holders.size(); ++i) {
     const size_t p = text.find(holders[i]);
@@ -124,8 +128,8 @@ std::vector<int32_t> chat_prompt_tokens(const tok::Tokenizer& tokenizer, const G
   }
   std::vector<int32_t> ids;
   if (at.size() != holders.size()) {
-    tok::ChatRequest plain{.messages = r.messages, .add_generation_prompt = r.add_generation_prompt};
-    append_ids(ids, tokenizer, render(tokenizer, plain), true);
+    rendered = render(tokenizer, request);
+    append_ids(ids, tokenizer, rendered, true);
     return ids;
   }
   std::sort(at.begin(), at.end());
@@ -139,11 +143,38 @@ std::vector<int32_t> chat_prompt_tokens(const tok::Tokenizer& tokenizer, const G
   return ids;
 }
 
-std::vector<int32_t> prompt_tokens(const ServingContext& ctx, const GenerationRequest& r) {
+// What the template receives, as transformers' apply_chat_template(messages, tools=..., **kwargs)
+// passes it. Tool-call arguments become objects, as vLLM hands them to templates; the tools
+// keep the client's key order (templates print them with tojson).
+tok::ChatRequest chat_request(const GenerationRequest& r, const std::string& body) {
+  tok::ChatRequest chat;
+  chat.messages = r.messages;
+  chat.add_generation_prompt = r.add_generation_prompt;
+  chat.extra = r.chat_template_kwargs;
+  for (auto& m : chat.messages)
+    if (m.contains("tool_calls"))
+      for (auto& c : m["tool_calls"])
+        if (auto& args = c["function"]["arguments"]; args.is_string())
+          args = nlohmann::ordered_json::parse(args.get<std::string>());
+  if (!r.tools.is_null()) {
+    chat.tools = nlohmann::ordered_json::parse(body)["tools"];
+    if (r.tool_choice == ToolChoice::Named) {
+      // The named function is the only one the model is shown: its call is the expected output.
+      nlohmann::ordered_json only = nlohmann::ordered_json::array();
+      for (const auto& t : chat.tools)
+        if (t["function"]["name"] == r.tool_choice_name) only.push_back(t);
+      chat.tools = std::move(only);
+    }
+  }
+  return chat;
+}
+
+std::vector<int32_t> prompt_tokens(const ServingContext& ctx, const GenerationRequest& r, const std::string& body,
+                                   std::string& rendered) {
   const tok::Tokenizer& tokenizer = *ctx.tokenizer;
   std::vector<int32_t> ids;
   if (r.endpoint == Endpoint::ChatCompletions) {
-    ids = chat_prompt_tokens(tokenizer, r);
+    ids = chat_prompt_tokens(tokenizer, chat_request(r, body), rendered);
   } else if (r.prompt_text) {
     // A completion prompt is the client's whole prompt, encoded as HF's tokenizer(text) and
     // vLLM encode it: special-token strings become those tokens, BOS by the tokenizer's rule.
@@ -190,7 +221,11 @@ RouteResult generate(ServerState& state, const HttpRequest& http, Endpoint endpo
     std::fprintf(stderr, "tetra serve: ignoring unknown request fields: %s\n", names.c_str());
   }
 
-  std::vector<int32_t> prompt = prompt_tokens(ctx, request);
+  if (request.tool_choice != ToolChoice::None && !ctx.tool_format)
+    throw_invalid("tool_choice", "tool calls need a tool-call parser: start the server with --tool-call-parser "
+                                 "(hermes, glm45, deepseek_v3, kimi_k2) or send \"tool_choice\": \"none\"");
+  std::string rendered;
+  std::vector<int32_t> prompt = prompt_tokens(ctx, request, http.body, rendered);
   const char* prompt_param = endpoint == Endpoint::Completions ? "prompt" : "messages";
   if (prompt.empty()) throw_invalid(prompt_param, "the prompt encodes to no tokens");
   const int64_t n_prompt = int64_t(prompt.size());
@@ -209,7 +244,24 @@ RouteResult generate(ServerState& state, const HttpRequest& http, Endpoint endpo
                           .param = "max_tokens", .code = "context_length_exceeded"});
     max_tokens = *request.max_tokens;
   }
-  auto g = std::make_shared<Generation>(state, std::move(request), std::move(prompt), max_tokens, http.arrival);
+  GenerationExtras extras;
+  if (endpoint == Endpoint::ChatCompletions) {
+    ChatOutputOptions& o = extras.chat;
+    o.reasoning = ctx.reasoning_format;
+    o.prompt_in_thinking = prompt_opens_thinking(rendered);
+    if (request.tool_choice != ToolChoice::None) o.tool_format = ctx.tool_format;
+    o.tools = request.tools;
+    o.parallel_tool_calls = request.parallel_tool_calls;
+  }
+  if (ctx.testing_script) {
+    const std::string& text = endpoint == Endpoint::ChatCompletions ? rendered
+                              : request.prompt_text                  ? *request.prompt_text
+                                                                     : std::string();
+    if (const ScriptedReply* reply = ctx.testing_script->match(text))
+      for (auto id : ctx.tokenizer->encode(reply->text, {.parse_special = true})) extras.script.push_back(int32_t(id));
+  }
+  auto g = std::make_shared<Generation>(state, std::move(request), std::move(prompt), max_tokens, http.arrival,
+                                        std::move(extras));
   g->submit();
   return RouteResult{.generation = std::move(g)};
 }

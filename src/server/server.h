@@ -11,6 +11,9 @@
 
 #include "runtime/engine.h"
 #include "server/access_control.h"
+#include "server/reasoning_parser.h"
+#include "server/testing_script.h"
+#include "server/tool_parser.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tetra::server {
@@ -48,6 +51,9 @@ struct ServingContext {
   int64_t max_context = 0;  // prompt + generated tokens per sequence
   int64_t vocab_size = 0;   // the model's (embedding) vocabulary
   SamplingDefaults sampling_defaults;
+  std::optional<ToolFormat> tool_format;            // --tool-call-parser; unset: no tool calls
+  std::optional<ReasoningFormat> reasoning_format;  // --reasoning-parser; unset: no split
+  const TestingScript* testing_script = nullptr;    // tests only (TETRA_TESTING_SCRIPT)
 };
 
 class Server {

@@ -289,17 +289,95 @@ class ValidationTest(unittest.TestCase):
             nested = "[" * depth + "]" * depth
             raw = json.dumps(chat)[:-1] + ', "tools": ' + nested + "}"
             st, b, _ = self.s.post("/v1/chat/completions", raw.encode())
-            assert_error(self, st, b, 400, "tools")
+            assert_error(self, st, b, 400, "tools[0]")
         for rf in [{"type": "json_schema", "json_schema": {"schema": {"$ref": "#"}}},
                    {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "(("}}},
                    {"type": "json_object"}, "json", {"kind": "text"}]:
             st, b, _ = self.s.post("/v1/chat/completions", {**chat, "response_format": rf})
             assert_error(self, st, b, 400, "response_format")
-        st, b, _ = self.s.post("/v1/chat/completions", {**chat, "tools": [{"type": "function",
-                                                                          "function": {"name": "f"}}]})
-        assert_error(self, st, b, 400, "tools")
         st, b, _ = self.s.post("/v1/chat/completions", {**chat, "response_format": {"type": "text"}, "tools": []})
         self.assertEqual(st, 200, b)
+
+    # 15b: tools, tool_choice, tool-call history and chat_template_kwargs (CVE-2025-48944:
+    # malformed tools crashed vLLM's worker). Each is a 400 naming the field; the server stays up.
+    def test_15b_malformed_tool_requests(self):
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+        cases = [
+            ({"tools": {"name": "f"}}, "tools"),
+            ({"tools": "f"}, "tools"),
+            ({"tools": [5]}, "tools[0]"),
+            ({"tools": [{"type": "function"}]}, "tools[0].function"),
+            ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
+            ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name"),
+            ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
+            ({"tools": [{"type": "function", "function": {"name": 7}}]}, "tools[0].function.name"),
+            ({"tools": [tool, {"type": "function", "function": {"name": "g", "parameters": "x"}}]},
+             "tools[1].function.parameters"),
+            ({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}, "tools[0].function.parameters"),
+            ({"tools": [tool] * 129}, "tools"),
+            ({"tools": [tool], "tool_choice": "sometimes"}, "tool_choice"),
+            ({"tools": [tool], "tool_choice": 3}, "tool_choice"),
+            ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+            ({"tools": [tool], "tool_choice": {"type": "function"}}, "tool_choice"),
+            ({"tool_choice": "required"}, "tool_choice"),
+            ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+            ({"tools": [tool], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+            ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+            ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+        ]
+        for fields, param in cases:
+            st, b, _ = self.s.post("/v1/chat/completions", {**chat, **fields})
+            assert_error(self, st, b, 400, param)
+        # Nested 100,000 deep where a schema or arguments go: copying or rendering such a value
+        # recursed once per level and overflowed the stack (the server died).
+        deep = '{"a":' * 100_000 + "1" + "}" * 100_000
+        prefix = json.dumps(chat)[:-1]
+        for raw, param in [
+            (prefix + ', "tools": [{"type": "function", "function": {"name": "f", "parameters": %s}}]}' % deep, "tools[0]"),
+            (prefix + ', "chat_template_kwargs": %s}' % deep, "chat_template_kwargs"),
+            ('{"max_tokens": 2, "messages": [{"role": "assistant", "content": null, "tool_calls": [{"type": "function", '
+             '"function": {"name": "f", "arguments": %s}}]}, {"role": "user", "content": "hi"}]}' % json.dumps(deep),
+             "messages[0].tool_calls[0].function.arguments"),
+        ]:
+            st, b, _ = self.s.post("/v1/chat/completions", raw.encode())
+            assert_error(self, st, b, 400, param)
+        call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}
+        history = [
+            ([{"role": "assistant", "content": None, "tool_calls": {"x": 1}}], "messages[0].tool_calls"),
+            ([{"role": "assistant", "content": None, "tool_calls": [5]}], "messages[0].tool_calls[0]"),
+            ([{"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}],
+             "messages[0].tool_calls[0].function"),
+            ([{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}],
+             "messages[0].tool_calls[0].function.name"),
+            ([{"role": "assistant", "content": None,
+               "tool_calls": [{**call, "function": {"name": "f", "arguments": "{not json"}}]}],
+             "messages[0].tool_calls[0].function.arguments"),
+            ([{"role": "assistant", "content": None,
+               "tool_calls": [{**call, "function": {"name": "f", "arguments": "[1, 2]"}}]}],
+             "messages[0].tool_calls[0].function.arguments"),
+            ([{"role": "assistant", "content": None, "tool_calls": [{**call, "id": 5}]}], "messages[0].tool_calls[0].id"),
+            ([{"role": "tool", "content": "r", "tool_call_id": 5}], "messages[0].tool_call_id"),
+            ([{"role": "assistant", "content": "x", "reasoning_content": 5}], "messages[0].reasoning_content"),
+            ([{"role": "assistant", "content": "x", "reasoning": [1]}], "messages[0].reasoning"),
+        ]
+        for messages, param in history:
+            st, b, _ = self.s.post("/v1/chat/completions", {**chat, "messages": messages + chat["messages"]})
+            assert_error(self, st, b, 400, param)
+        # Well-formed, they are accepted (the fixture is qwen3_moe: the hermes parser by default).
+        ok = {**chat, "max_tokens": 1, "tools": [tool], "tool_choice": {"type": "function", "function": {"name": "f"}},
+              "chat_template_kwargs": {"enable_thinking": False},
+              "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                           {"role": "tool", "content": "1", "tool_call_id": "call_1"}]}
+        for choice in ["auto", "none", "required", ok["tool_choice"], {"function": {"name": "f"}}]:
+            st, b, _ = self.s.post("/v1/chat/completions", {**ok, "tool_choice": choice})
+            self.assertEqual(st, 200, b)
+        # `type` defaults to "function" (vLLM's default).
+        st, b, _ = self.s.post("/v1/chat/completions", {**chat, "max_tokens": 1, "tools": [{"function": {"name": "f"}}]})
+        self.assertEqual(st, 200, b)
+        st, b, _ = self.s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2, "tools": [tool]})
+        assert_error(self, st, b, 400, "tools")
+        self.assertEqual(self.s.request("GET", "/health")[0], 200)
 
     # 16
     def test_16_request_chat_template_is_not_used(self):

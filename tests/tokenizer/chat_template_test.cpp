@@ -1,5 +1,6 @@
 // Chat templates: byte-for-byte parity with Python jinja2 (configured as transformers does)
-// on the DeepSeek-V3 and Qwen3 templates, a GLM-style template and a feature template, plus
+// on the DeepSeek-V3, Qwen3, GLM-4.6 and Kimi K2 templates (tool calls and results in the
+// history among the cases), a GLM-style template and a feature template, plus
 // the sandbox limits and error reporting.
 #include <fstream>
 #include <map>
@@ -32,6 +33,8 @@ TEST(ChatTemplate, MatchesJinja2OnAllCases) {
   glm_config.eos_token = "</s>";
   for (const char* name : {"glm_style", "features"})
     templates[name] = {read_text(source_dir() + name + ".jinja"), glm_config};
+  for (const char* name : {"glm46", "kimi_k2_thinking"})  // published templates, no bos/eos
+    templates[name] = {read_text(source_dir() + name + ".jinja"), TokenizerConfig{}};
   nlohmann::ordered_json cases = nlohmann::ordered_json::parse(read_text(source_dir() + "cases.json"));
   std::map<std::string, nlohmann::ordered_json> by_name;
   for (const auto& c : cases) by_name[c["name"].get<std::string>()] = c;

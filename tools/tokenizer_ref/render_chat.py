@@ -49,6 +49,11 @@ def main():
     for name in ["glm_style", "features"]:
         with open(os.path.join(cases_dir, name + ".jinja"), encoding="utf-8") as f:
             templates[name] = (f.read(), {"bos_token": "<s>", "eos_token": "</s>"})
+    # Published templates of GLM-4.6 and Kimi K2 Thinking (chat_cases/README.md); they use
+    # neither bos_token nor eos_token.
+    for name in ["glm46", "kimi_k2_thinking"]:
+        with open(os.path.join(cases_dir, name + ".jinja"), encoding="utf-8") as f:
+            templates[name] = (f.read(), {})
     with open(os.path.join(cases_dir, "cases.json"), encoding="utf-8") as f:
         cases = json.load(f)
     env = make_env()
