@@ -23,7 +23,8 @@ def main():
         print(f"ids {model}: {len(corpus)} strings, {len(bad)} differ from HF tokenizers", bad[:5])
     cases = {c["name"]: c for c in json.load(open(os.path.join(cases_dir, "cases.json"), encoding="utf-8"))}
     sources = {name: open(os.path.join(cases_dir, name + ".jinja"), encoding="utf-8").read()
-               for name in ["glm_style", "features"]}
+               for name in ["glm_style", "features", "glm46", "kimi_k2_thinking"]}
+    own_tokens = {"glm_style", "features"}  # the published templates use neither bos nor eos
     toks = {m: AutoTokenizer.from_pretrained(os.path.join(data, m)) for m in ["deepseek_v3", "qwen3"]}
     n = bad = 0
     for line in open(os.path.join(data, "chat_ref.jsonl"), encoding="utf-8"):
@@ -38,7 +39,9 @@ def main():
             kwargs["enable_thinking"] = c["enable_thinking"]
         if tname in sources:
             kwargs["chat_template"] = sources[tname]
-            kwargs["bos_token"], kwargs["eos_token"] = "<s>", "</s>"
+            if tname in own_tokens:
+                kwargs["bos_token"], kwargs["eos_token"] = "<s>", "</s>"
+        kwargs.update(c.get("extra", {}))
         try:
             text = tok.apply_chat_template(c["messages"], tools=c.get("tools"), tokenize=False,
                                            add_generation_prompt=c.get("add_generation_prompt", True), **kwargs)
