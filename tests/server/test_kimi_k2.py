@@ -1,7 +1,8 @@
 """A model folder as Kimi K2 publishes one: config.json with model_type kimi_k2 and a
-tiktoken.model tokenizer (no tokenizer.json). Built here from the deepseek_v3-tiny weights
-(vocabulary 256: the tiktoken model is the 256 single bytes) and Kimi's tokenizer class and
-special tokens; `tetra tokenize`, `generate` and `serve` must all work on it."""
+tiktoken.model tokenizer (no tokenizer.json). Built here from the deepseek_v3-tiny config with
+a vocabulary of 512 (the tiktoken model's 256 single bytes and Kimi's special tokens above them
+must all have embedding rows), dummy weights, and Kimi's tokenizer class and special tokens;
+`tetra tokenize`, `generate` and `serve` must all work on it."""
 import base64
 import json
 import os
@@ -13,6 +14,7 @@ import unittest
 from harness import ROOT, TETRA, Server
 
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "deepseek_v3-tiny")
+VOCAB = 512
 TEMPLATE = ("{%- for m in messages -%}"
             "{%- if m.role == 'user' -%}<|im_user|>user<|im_middle|>{{ m.content }}<|im_end|>"
             "{%- else -%}<|im_assistant|>assistant<|im_middle|>{{ m.content }}<|im_end|>{%- endif -%}"
@@ -21,13 +23,12 @@ TEMPLATE = ("{%- for m in messages -%}"
 
 
 def make_kimi_folder(dest):
-    os.symlink(os.path.join(FIXTURE, "model.safetensors"), os.path.join(dest, "model.safetensors"))
     with open(os.path.join(FIXTURE, "config.json")) as f:
         config = json.load(f)
     rope = config.pop("rope_parameters")
     for k in ("rope_interleave", "head_dim", "qk_head_dim", "dtype"):
         config.pop(k, None)
-    config.update(model_type="kimi_k2", rope_theta=rope.pop("rope_theta"),
+    config.update(model_type="kimi_k2", vocab_size=VOCAB, rope_theta=rope.pop("rope_theta"),
                   auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"})
     rope["type"] = rope.pop("rope_type")
     config["rope_scaling"] = rope
@@ -70,23 +71,25 @@ class KimiK2FolderTest(unittest.TestCase):
         self.assertEqual(out["ids"], [259] + list(b"user") + [273] + list(b"hi") + [258, 260] + list(b"assistant") + [273])
 
     def test_generate(self):
-        out = json.loads(self.run_tetra("generate", "--model", self.dir, "--prompt", "hello", "--max-new-tokens", "4",
-                                        "--json"))
+        out = json.loads(self.run_tetra("generate", "--model", self.dir, "--load-format", "dummy", "--prompt", "hello",
+                                        "--max-new-tokens", "4", "--json"))
         self.assertEqual(len(out["token_ids"]), 4)
-        self.assertEqual(out["text"], bytes(out["token_ids"]).decode("utf-8", "replace"))
-        out2 = json.loads(self.run_tetra("generate", "--model", self.dir, "--prompt-ids",
+        self.assertTrue(all(0 <= t < VOCAB for t in out["token_ids"]))
+        # The text prompt is the five bytes of "hello": the same tokens as those ids given directly.
+        out2 = json.loads(self.run_tetra("generate", "--model", self.dir, "--load-format", "dummy", "--prompt-ids",
                                          ",".join(str(b) for b in b"hello"), "--max-new-tokens", "4", "--json"))
         self.assertEqual(out2["token_ids"], out["token_ids"])
+        self.assertEqual(out2["text"], out["text"])
 
     def test_serve(self):
-        s = Server(model=self.dir)
+        s = Server("--load-format", "dummy", model=self.dir)
         try:
             status, body, _ = s.complete(prompt="hello", max_tokens=3, temperature=0)
             self.assertEqual(status, 200, body)
             self.assertEqual(body["usage"]["prompt_tokens"], 5)
             self.assertEqual(body["usage"]["completion_tokens"], 3)
             status, body, _ = s.request("GET", "/v1/models")[0], json.loads(s.request("GET", "/v1/models")[2]), None
-            self.assertEqual(body["data"][0]["vocab_size"], 256)
+            self.assertEqual(body["data"][0]["vocab_size"], VOCAB)
         finally:
             self.assertEqual(s.stop(), 0)
 
