@@ -105,9 +105,10 @@ class GqaMoeModel : public Model {
       const Layer& layer = layers_[l];
       const AttentionWeights& a = layer.attn;
       // x holds rms_norm(h) with this layer's input norm.
-      b.linear(ctx, x, a.q, q.reshaped({n_tokens, n_heads * hd}));
-      b.linear(ctx, x, a.k, k.reshaped({n_tokens, n_kv * hd}));
-      b.linear(ctx, x, a.v, v.reshaped({n_tokens, n_kv * hd}));
+      const ops::LinearPart qkv[] = {{&a.q, q.reshaped({n_tokens, n_heads * hd})},
+                                     {&a.k, k.reshaped({n_tokens, n_kv * hd})},
+                                     {&a.v, v.reshaped({n_tokens, n_kv * hd})}};
+      b.linears(ctx, x, qkv);
       b.qk_norm_rope_kv_write(ctx, q, k, v, a.q_norm, a.k_norm, float(c.rms_norm_eps), rope_.spec, in.attn,
                               cache[l]);
       b.attention(ctx, q, cache[l], in.attn, scale, attn);

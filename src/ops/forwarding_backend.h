@@ -68,6 +68,7 @@ class ForwardingBackend : public Backend {
   void linear(const Context& c, TensorView x, const LinearWeight& w, TensorView out) override {
     in_.linear(c, x, w, out);
   }
+  void linears(const Context& c, TensorView x, std::span<const LinearPart> parts) override { in_.linears(c, x, parts); }
   void rope(const Context& c, TensorView x, TensorView pos, const RopeSpec& r) override { in_.rope(c, x, pos, r); }
   void kv_write(const Context& c, TensorView k, TensorView v, const AttentionBatch& b,
                 const KvCacheLayer& cache) override {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,12 @@ struct LinearWeight {
 };
 
 // One gated MLP: down(silu(gate(x)) * up(x)).
+// One linear of a Backend::linears call.
+struct LinearPart {
+  const LinearWeight* weight;
+  TensorView out;
+};
+
 struct MlpWeights {
   LinearWeight gate, up, down;
 };
@@ -278,6 +285,12 @@ class Backend {
                           float eps, TensorView out) = 0;
   // out [T, n_out] = x [T, n_in] W^T (+ bias).
   virtual void linear(const Context& ctx, TensorView x, const LinearWeight& w, TensorView out) = 0;
+  // Several linears of one input (q, k and v; gate and up): out_i = x W_i^T (+ bias_i), each
+  // exactly as linear computes it, in one launch where the backend can. The default runs them
+  // one by one.
+  virtual void linears(const Context& ctx, TensorView x, std::span<const LinearPart> parts) {
+    for (const LinearPart& p : parts) linear(ctx, x, *p.weight, p.out);
+  }
   // Rotates the first rotary_dim of every head of x [T, n_heads, head_dim] in place.
   virtual void rope(const Context& ctx, TensorView x, TensorView positions, const RopeSpec& rope) = 0;
   // Writes k [T, n_kv_heads, d_k] and v [T, n_kv_heads, d_v] to their slots of the cache.

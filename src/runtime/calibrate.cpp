@@ -84,6 +84,9 @@ class CalibratingBackend : public ops::ForwardingBackend {
     record(w, activation_amax(inner(), x));
     inner().linear(c, x, w, out);
   }
+  void linears(const Context& c, TensorView x, std::span<const ops::LinearPart> parts) override {
+    for (const ops::LinearPart& p : parts) linear(c, x, *p.weight, p.out);  // each one recorded
+  }
   void moe_experts(const Context& c, TensorView x, TensorView ids, TensorView weights,
                    const MoeExperts& experts, TensorView out) override {
     const auto& ce = static_cast<const CalibExperts&>(experts);

@@ -67,6 +67,12 @@ void ProfilingBackend::layer_norm(const ops::Context& c, TensorView x, TensorVie
 void ProfilingBackend::linear(const ops::Context& c, TensorView x, const ops::LinearWeight& w, TensorView out) {
   timed(str_cat("linear ", w.n_out, "x", w.n_in), OpClass::DenseGemm, [&] { inner().linear(c, x, w, out); });
 }
+void ProfilingBackend::linears(const ops::Context& c, TensorView x, std::span<const ops::LinearPart> parts) {
+  std::string name = "linears ";  // e.g. "linears 4096+512+512x2048"
+  for (size_t i = 0; i < parts.size(); ++i) name += str_cat(i ? "+" : "", parts[i].weight->n_out);
+  if (!parts.empty()) name += str_cat("x", parts.front().weight->n_in);
+  timed(name, OpClass::DenseGemm, [&] { inner().linears(c, x, parts); });
+}
 void ProfilingBackend::rope(const ops::Context& c, TensorView x, TensorView pos, const ops::RopeSpec& r) {
   timed("rope", OpClass::NormRope, [&] { inner().rope(c, x, pos, r); });
 }

@@ -41,6 +41,7 @@ class ProfilingBackend final : public ops::ForwardingBackend {
                     TensorView out) override;
   void layer_norm(const ops::Context& c, TensorView x, TensorView w, TensorView b, float eps, TensorView out) override;
   void linear(const ops::Context& c, TensorView x, const ops::LinearWeight& w, TensorView out) override;
+  void linears(const ops::Context& c, TensorView x, std::span<const ops::LinearPart> parts) override;
   void rope(const ops::Context& c, TensorView x, TensorView pos, const ops::RopeSpec& r) override;
   void kv_write(const ops::Context& c, TensorView k, TensorView v, const ops::AttentionBatch& b,
                 const ops::KvCacheLayer& cache) override;

@@ -281,6 +281,31 @@ TEST_F(BackendParity, FewTokenLinearIsTheSameInAnyBatchOfUpTo8) {
   }
 }
 
+TEST_F(BackendParity, LinearsEqualTheirLinearsOneByOne) {
+  // q, k and v in one call: each part bit for bit what linear gives it alone, in the one-launch
+  // form (up to 8 tokens) and the fallback (more).
+  HostLinear hq = host_linear(WeightFormat::Dense, DType::BF16, 512, 256, true);
+  HostLinear hk = host_linear(WeightFormat::Dense, DType::BF16, 64, 256, true);
+  HostLinear hv = host_linear(WeightFormat::Dense, DType::BF16, 72, 256, true);
+  for (int64_t t : {1, 5, 12}) {
+    const auto x = randn(t * 256);
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      const LinearWeight wq = s->b->upload(hq.view), wk = s->b->upload(hk.view), wv = s->b->upload(hv.view);
+      const TensorView xv = s->act(x, {t, 256});
+      const TensorView q = s->out_act({t, 512}), k = s->out_act({t, 64}), v = s->out_act({t, 72});
+      const LinearPart parts[] = {{&wq, q}, {&wk, k}, {&wv, v}};
+      s->b->linears(s->ctx, xv, parts);
+      const TensorView q1 = s->out_act({t, 512}), k1 = s->out_act({t, 64}), v1 = s->out_act({t, 72});
+      s->b->linear(s->ctx, xv, wq, q1);
+      s->b->linear(s->ctx, xv, wk, k1);
+      s->b->linear(s->ctx, xv, wv, v1);
+      EXPECT_EQ(s->read(q), s->read(q1)) << s->b->name() << " T=" << t << " q";
+      EXPECT_EQ(s->read(k), s->read(k1)) << s->b->name() << " T=" << t << " k";
+      EXPECT_EQ(s->read(v), s->read(v1)) << s->b->name() << " T=" << t << " v";
+    }
+  }
+}
+
 TEST_F(BackendParity, Rope) {
   struct Case { int64_t heads, dim; int rotary; bool interleaved; float scaling; int max_pos; };
   for (const Case c : {Case{4, 24, 24, false, 1.0f, 100}, Case{8, 128, 128, false, 1.0f, 32768},

@@ -229,6 +229,10 @@ class CudaBackend final : public Backend {
     }
     linear_general(stream_of(ctx), x, w, out);
   }
+  void linears(const Context& ctx, TensorView x, std::span<const LinearPart> parts) override {
+    if (gemv_bf16(stream_of(ctx), x, parts)) return;
+    for (const LinearPart& p : parts) linear(ctx, x, *p.weight, p.out);
+  }
   void rope(const Context& ctx, TensorView x, TensorView positions, const RopeSpec& spec) override {
     cuda::rope(stream_of(ctx), x, positions, spec);
   }
