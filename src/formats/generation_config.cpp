@@ -1,8 +1,5 @@
 #include "formats/generation_config.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "core/error.h"
 #include "formats/json_fields.h"
 
@@ -47,20 +44,7 @@ std::optional<GenerationConfig> load_generation_config(const std::filesystem::pa
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return std::nullopt;
   if (!std::filesystem::is_regular_file(path, ec)) fail(path.string(), " is not a file.");
-  // A generation config is a few hundred bytes; anything this large is not one.
-  if (std::filesystem::file_size(path, ec) > (uint64_t{16} << 20))
-    fail(path.string(), " is larger than 16 MB, too large for a generation config.");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read ", path.string(), ".");
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    fail(path.string(), " is not valid JSON (at byte ", e.byte, ").");
-  }
-  return parse_generation_config(j, path.string(), vocab_size);
+  return parse_generation_config(read_json_file(path, "generation config"), path.string(), vocab_size);
 }
 
 }  // namespace tetra

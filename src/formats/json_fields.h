@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -13,6 +16,23 @@
 #include "core/error.h"
 
 namespace tetra {
+
+// A small JSON config file (config.json, generation_config.json), parsed: one sentence naming
+// the file when it cannot be read, is over 16 MB (no config is), or is not JSON.
+inline nlohmann::json read_json_file(const std::filesystem::path& path, const char* what) {
+  std::error_code ec;
+  if (std::filesystem::file_size(path, ec) > (uint64_t{16} << 20))
+    fail(path.string(), " is larger than 16 MB, too large for a ", what, ".");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot read ", path.string(), ".");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(path.string(), " is not valid JSON (at byte ", e.byte, ").");
+  }
+}
 
 // "a string", "null", ... for messages.
 inline const char* json_kind(const nlohmann::json& v) {

@@ -5,9 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -557,20 +555,7 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
   std::filesystem::path path = dir / "config.json";
   if (!std::filesystem::is_regular_file(path, ec))
     fail("model folder ", dir.string(), " has no config.json.");
-  // A config is a few KB; anything this large is not one.
-  if (std::filesystem::file_size(path, ec) > (uint64_t{16} << 20))
-    fail(path.string(), " is larger than 16 MB, too large for a model config.");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot read ", path.string(), ".");
-  std::stringstream text;
-  text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
-    fail(path.string(), " is not valid JSON (at byte ", e.byte, ").");
-  }
-  ModelConfig c = parse_model_config(j, path.string());
+  ModelConfig c = parse_model_config(read_json_file(path, "model config"), path.string());
   // Generation stops at generation_config.json's EOS ids too, as transformers and vLLM stop:
   // Qwen3 lists <|im_end|> and <|endoftext|> there, config.json only one of them.
   if (auto g = load_generation_config(dir, c.vocab_size))
