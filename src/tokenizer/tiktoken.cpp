@@ -14,19 +14,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tokenizer/file_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace tetra::tok {
 namespace {
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  TETRA_CHECK(in, "cannot open ", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  TETRA_CHECK(!in.bad(), "cannot read ", path.string());
-  return ss.str();
-}
 
 int base64_value(char c) {
   if (c >= 'A' && c <= 'Z') return c - 'A';

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "tokenizer/file_text.h"
 #include "tokenizer/tiktoken.h"
 #include "tokenizer/utf8.h"
 
@@ -20,15 +21,6 @@ constexpr uint8_t kKnown = 1, kSpecial = 2;
 
 // Pieces at most this long are cached: they are words, which repeat; longer ones rarely do.
 constexpr size_t kCachedPieceBytes = 64;
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  TETRA_CHECK(in, "cannot open ", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  TETRA_CHECK(!in.bad(), "cannot read ", path.string());
-  return ss.str();
-}
 
 // The bytes the ByteLevel decoder gives for one token string: each character mapped back to
 // its byte, or, if any character is outside the byte table (an added token such as
