@@ -6,28 +6,30 @@
 
 namespace tetra::cli {
 
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+namespace {
+
+// v in thousands steps: "12", "1.20 K", "3.40 M" ... with the given unit names.
+std::string format_thousands(double v, const char* const (&units)[5], const char* sep) {
   int u = 0;
-  while (bytes >= 1000 && u < 4) {
-    bytes /= 1000;
+  while (v >= 1000 && u < 4) {
+    v /= 1000;
     ++u;
   }
   char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
+  std::snprintf(buf, sizeof buf, u ? "%.2f%s%s" : "%.0f%s%s", v, sep, units[u]);
   return buf;
 }
 
+}  // namespace
+
+std::string format_bytes(double bytes) {
+  static const char* const units[5] = {"B", "KB", "MB", "GB", "TB"};
+  return format_thousands(bytes, units, " ");
+}
+
 std::string format_count(double n) {
-  const char* units[] = {"", " K", " M", " B", " T"};
-  int u = 0;
-  while (n >= 1000 && u < 4) {
-    n /= 1000;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.2f%s" : "%.0f%s", n, units[u]);
-  return buf;
+  static const char* const units[5] = {"", "K", "M", "B", "T"};
+  return format_thousands(n, units, n >= 1000 ? " " : "");
 }
 
 Progress::Progress(std::string label, std::string unit)
