@@ -513,6 +513,24 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaGraphs,
                            return n;
                          });
 
+TEST_F(Cuda, ALongPromptsLastChunksFitTheStepArena) {
+  // One prompt near the end of the context, in 512-token chunks: its last chunks' prefill
+  // attention splits the keys into scratch that a short prompt never needs. The measuring pass
+  // must have sized the arena for it (an 8,192-token prompt once ended its server with
+  // "the step arena ... has no room").
+  const auto dir = testing::fixtures_dir() / "qwen3_moe-small-nvfp4-config";
+  auto model = model::load_model(dir, *gpu, {.dummy = true});
+  runtime::EngineConfig c = small_engine();
+  c.chunked_prefill_size = 512;
+  const int64_t context = model->config().max_position_embeddings;
+  std::vector<int32_t> prompt(size_t(context - 8));
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + i % 1000);
+  runtime::EngineStats stats;
+  const auto out = run_engine(*model, *gpu, {greedy(prompt, 4)}, c, &stats);
+  EXPECT_EQ(stats.failed_steps, 0);
+  EXPECT_EQ(out[0].tokens.size(), 4u);
+}
+
 TEST_F(Cuda, AbortFreesEverythingMidStream) {
   const auto dir = testing::fixtures_dir() / "qwen3_moe-tiny";
   auto model = model::load_model(dir, *gpu);
