@@ -42,14 +42,15 @@ DecodeGraphs::DecodeGraphs(model::Model& model, ops::Backend& backend, ops::Aren
   capture_bytes_ = std::max<int64_t>(0, free_before - backend.memory_info().free_bytes);
 }
 
-int64_t DecodeGraphs::size_for(int64_t n) const {
+size_t DecodeGraphs::size_index(int64_t n) const {
   const auto it = std::lower_bound(sizes_.begin(), sizes_.end(), n);
   TETRA_CHECK(it != sizes_.end(), "no decode graph holds ", n, " sequences");
-  return *it;
+  return size_t(it - sizes_.begin());
 }
 
 void DecodeGraphs::run(const std::vector<SeqChunk>& chunks) {
-  const int64_t n = int64_t(chunks.size()), b = size_for(n);
+  const size_t i = size_index(int64_t(chunks.size()));
+  const int64_t b = sizes_[i];
   for (const SeqChunk& c : chunks)
     TETRA_CHECK(c.tokens.size() == 1 && c.want_logits && !c.every_logit,
                 "a graph decode step takes one token per sequence, each wanting its logits");
@@ -59,7 +60,6 @@ void DecodeGraphs::run(const std::vector<SeqChunk>& chunks) {
     model_.forward(ctx_, in, cache_, logits_.rows(0, b));
     return;
   }
-  const size_t i = size_t(std::lower_bound(sizes_.begin(), sizes_.end(), b) - sizes_.begin());
   graphs_[i]->replay(ctx_);
 }
 

@@ -48,7 +48,7 @@ class DecodeGraphs {
   void run(const std::vector<SeqChunk>& chunks);
 
  private:
-  int64_t size_for(int64_t n) const;
+  size_t size_index(int64_t n) const;  // of the smallest captured size >= n
 
   model::Model& model_;
   ops::Backend& backend_;
