@@ -180,9 +180,11 @@ struct Generated {
   std::vector<std::vector<int32_t>> top;  // per position, best first
 };
 
-// Runs requests through one engine, all submitted before the first step.
+// Runs requests through one engine, all submitted before the first step or, with `staggered`,
+// request i after 1 + i % 3 steps of the ones before it (arrivals joining running decodes).
 std::vector<Generated> run_engine(model::Model& m, ops::Backend& b, const std::vector<runtime::RequestParams>& reqs,
-                            runtime::EngineConfig config, runtime::EngineStats* stats_out = nullptr) {
+                            runtime::EngineConfig config, runtime::EngineStats* stats_out = nullptr,
+                            bool staggered = false) {
   runtime::Engine engine(m, b, config);
   std::map<uint64_t, Generated> by_id;
   std::vector<uint64_t> ids;
@@ -199,6 +201,8 @@ std::vector<Generated> run_engine(model::Model& m, ops::Backend& b, const std::v
     });
     EXPECT_EQ(r.error, runtime::SubmitError::None) << r.message;
     ids.push_back(r.request_id);
+    if (staggered)
+      for (size_t k = 0; k < 1 + (ids.size() - 1) % 3; ++k) engine.step();
   }
   while (engine.step()) {
   }
@@ -253,6 +257,14 @@ runtime::EngineConfig small_engine() {
   c.kv_blocks = 512;
   c.max_running_requests = 16;
   return c;
+}
+
+// A fixture folder's name as a test name ("qwen3_moe-small-config" -> "qwen3_moe_small_config").
+std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& ch : n)
+    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
 }
 
 struct Cuda : ::testing::Test {
@@ -330,11 +342,7 @@ INSTANTIATE_TEST_SUITE_P(Gqa, CudaFixture,
                          ::testing::Values("qwen3_moe-tiny", "qwen3_moe-nonorm", "glm4_moe-tiny", "mixtral-tiny",
                                            "qwen3_moe-tiny-nvfp4", "qwen3_moe-nonorm-nvfp4", "glm4_moe-tiny-nvfp4",
                                            "mixtral-tiny-nvfp4"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         fixture_test_name);
 
 std::vector<runtime::RequestParams> mixed_requests(int n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -370,11 +378,7 @@ TEST_P(CudaDummy, BatchedEngineMatchesTheCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Families, CudaDummy,
                          ::testing::Values("qwen3_moe-small-config", "qwen3_moe-small-nvfp4-config",
                                            "glm4_moe-small-config", "mixtral-small-config"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         fixture_test_name);
 
 // The engine's behaviours on the GPU, each against the same requests run one at a time on
 // the GPU: batching, chunked prefill, preemption (a pool too small for everyone at once), the
@@ -430,43 +434,13 @@ TEST_P(CudaEngine, BatchingChunkingPreemptionAndPrefixCache) {
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaEngine,
                          ::testing::Values("qwen3_moe-small-nvfp4-config", "qwen3_moe-small-dense-config"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         fixture_test_name);
 
 // Decode graphs: a replay runs the kernels of the padded eager step with the same arguments,
 // so requests arriving and finishing (batches of 3, 5, 6, 7 padded to 4 and 8) get exactly
 // the tokens and log-probs of that eager step; and a batch of a captured size gets exactly
 // plain eager decode's (its attention splits do not depend on the plan's context).
 class CudaGraphs : public Cuda, public ::testing::WithParamInterface<std::string> {};
-
-std::vector<Generated> run_staggered(model::Model& m, ops::Backend& b, const std::vector<runtime::RequestParams>& reqs,
-                                     runtime::EngineConfig config, runtime::EngineStats* stats_out) {
-  runtime::Engine engine(m, b, config);
-  std::map<uint64_t, Generated> by_id;
-  std::vector<uint64_t> ids;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    const auto r = engine.submit(reqs[i], [&by_id](const runtime::RequestOutput& o) {
-      for (const auto& t : o.tokens) {
-        by_id[o.request_id].tokens.push_back(t.token);
-        by_id[o.request_id].logprobs.push_back(t.logprob);
-      }
-    });
-    EXPECT_EQ(r.error, runtime::SubmitError::None) << r.message;
-    ids.push_back(r.request_id);
-    for (size_t k = 0; k < 1 + i % 3; ++k) engine.step();
-  }
-  while (engine.step()) {
-  }
-  *stats_out = engine.stats();
-  EXPECT_EQ(stats_out->kv_blocks_used, 0);
-  EXPECT_EQ(stats_out->failed_steps, 0);
-  std::vector<Generated> out;
-  for (uint64_t id : ids) out.push_back(by_id[id]);
-  return out;
-}
 
 void expect_same(const std::vector<Generated>& got, const std::vector<Generated>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
@@ -485,8 +459,8 @@ TEST_P(CudaGraphs, ReplayEqualsTheEagerStep) {
   runtime::EngineConfig padded_eager = graphs;
   padded_eager.testing_eager_decode_graphs = true;
   runtime::EngineStats with_graphs, eager;
-  const auto got = run_staggered(*model, *gpu, reqs, graphs, &with_graphs);
-  const auto want = run_staggered(*model, *gpu, reqs, padded_eager, &eager);
+  const auto got = run_engine(*model, *gpu, reqs, graphs, &with_graphs, true);
+  const auto want = run_engine(*model, *gpu, reqs, padded_eager, &eager, true);
   EXPECT_GT(with_graphs.graph_steps, 0);
   EXPECT_EQ(with_graphs.graph_steps, eager.graph_steps);
   expect_same(got, want, GetParam() + " padded");
@@ -507,11 +481,7 @@ TEST_P(CudaGraphs, ReplayEqualsTheEagerStep) {
 INSTANTIATE_TEST_SUITE_P(Models, CudaGraphs,
                          ::testing::Values("qwen3_moe-small-nvfp4-config", "qwen3_moe-small-dense-config",
                                            "glm4_moe-small-config", "mixtral-small-config"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         fixture_test_name);
 
 TEST_F(Cuda, ALongPromptsLastChunksFitTheStepArena) {
   // One prompt near the end of the context, in 512-token chunks: its last chunks' prefill
