@@ -18,34 +18,16 @@
 #include "core/philox.h"
 #include "core/thread_pool.h"
 #include "ops/cpu/sampling.h"
+#include "sampling_batch.h"
 
 namespace tetra::ops::cpu {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// One batch of rows over the same vocabulary, with its penalty lists.
-struct Batch {
-  int64_t vocab = 0;
-  std::vector<float> logits;  // [rows, vocab]
-  std::vector<SamplingRow> rows;
-  std::vector<int32_t> penalty_ids, penalty_counts;
-
-  explicit Batch(int64_t v) : vocab(v) {}
-  int64_t n_rows() const { return int64_t(rows.size()); }
-  // Appends a row; penalties are (id, count) pairs.
-  void add(std::vector<float> row_logits, SamplingRow r,
-           const std::vector<std::pair<int32_t, int32_t>>& penalties = {}) {
-    logits.insert(logits.end(), row_logits.begin(), row_logits.end());
-    r.penalty_begin = int32_t(penalty_ids.size());
-    r.penalty_count = int32_t(penalties.size());
-    for (auto [id, count] : penalties) {
-      penalty_ids.push_back(id);
-      penalty_counts.push_back(count);
-    }
-    rows.push_back(r);
-  }
-  const float* row(int64_t r) const { return logits.data() + r * vocab; }
+// The shared batch, sampled by the CPU sampler.
+struct Batch : testing_util::SamplingBatch {
+  using SamplingBatch::SamplingBatch;
   TensorView view() const {
     return TensorView{const_cast<float*>(logits.data()), DType::F32, {n_rows(), vocab}, Device::Cpu};
   }
