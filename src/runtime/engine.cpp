@@ -164,12 +164,12 @@ int64_t Engine::Impl::prepare() {
   const ModelConfig& mc = model.config();
   backend.warm_up(ctx, model.moe_experts(), int(mc.n_experts_per_tok), capacity.max_tokens);
   // The largest steps: the most tokens (one long prompt chunk beside single-token sequences),
-  // the same chunk with few sequences at the longest context (the last chunks of a long prompt:
-  // prefill attention splits its keys, into scratch, when few sequences leave SMs idle), and
-  // the most sequences deciding at the longest context.
+  // the same tokens as one sequence at the longest context (a long prompt's last chunks:
+  // prefill attention splits its keys into scratch when few sequences leave SMs idle, and one
+  // sequence splits them most), and the most sequences deciding at the longest context.
   const int64_t seqs = std::min(capacity.max_seqs, capacity.max_tokens);
   measure_step(seqs, capacity.max_tokens, false);
-  for (int64_t few : {1, 2, 4}) measure_step(std::min(few, seqs), capacity.max_tokens, true);
+  measure_step(1, capacity.max_tokens, true);
   measure_step(capacity.max_seqs, capacity.max_seqs, true);
   // Each decode graph's step as it will be captured (attention planned for the whole
   // context; a smaller batch may split its keys more than the largest).
