@@ -1,5 +1,5 @@
 // ops::Backend on one GPU: argument checks and dispatch to the op families (elementwise,
-// norm, rope, kv_write, linear / gemm_dense, attention_gqa, moe, sampling). Scratch comes
+// norm, rope, kv_write, linear / gemm_dense, attention_gqa, attention_mla, moe, sampling). Scratch comes
 // from the caller's step arena; weights from the weight arena; no op synchronizes.
 #include "ops/cuda/cuda_backend.h"
 
@@ -15,6 +15,7 @@
 
 #include "core/log.h"
 #include "ops/cuda/attention_gqa.h"
+#include "ops/cuda/attention_mla.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/elementwise.h"
@@ -41,11 +42,6 @@ TensorView scratch(const Context& ctx, int64_t bytes, const char* op) {
 
 void check_device(const TensorView& t, const char* op, const char* what) {
   TETRA_CHECK(t.empty() || t.device == Device::Cuda, op, ": ", what, " is not on the CUDA device");
-}
-
-[[noreturn]] void mla_not_here(const char* op) {
-  fail(op, " (MLA attention and the DSA indexer) does not run on the CUDA backend yet: serve the "
-       "deepseek_v3, glm4_moe_lite and glm_moe_dsa families with --device cpu");
 }
 
 // One MoE layer's experts on the device: the routed experts (with the shared expert fused in
@@ -253,17 +249,25 @@ class CudaBackend final : public Backend {
   }
   void attention(const Context& ctx, TensorView q, const KvCacheLayer& cache, const AttentionBatch& batch,
                  float scale, TensorView out) override;
-  void mla_attention(const Context&, TensorView, TensorView, const KvCacheLayer&, const AttentionBatch&, float,
-                     TensorView, TensorView) override {
-    mla_not_here("mla_attention");
-  }
-  void dsa_select(const Context&, TensorView, TensorView, const KvCacheLayer&, const AttentionBatch&, float, float,
-                  TensorView) override {
-    mla_not_here("dsa_select");
-  }
-  void head_linear(const Context&, TensorView, const LinearWeight&, int64_t, int64_t, int64_t, bool,
-                   TensorView) override {
-    mla_not_here("head_linear");
+  void mla_attention(const Context& ctx, TensorView q_latent, TensorView q_rope, const KvCacheLayer& cache,
+                     const AttentionBatch& batch, float scale, TensorView selected, TensorView out) override;
+  void dsa_select(const Context& ctx, TensorView q, TensorView weights, const KvCacheLayer& cache,
+                  const AttentionBatch& batch, float q_scale, float weight_scale, TensorView selected) override;
+  void head_linear(const Context& ctx, TensorView x, const LinearWeight& w, int64_t head_stride, int64_t row0,
+                   int64_t n_rows, bool transposed, TensorView out) override {
+    TETRA_CHECK(x.shape.rank == 3 && out.shape.rank == 3 && x.dim(0) == out.dim(0) && x.dim(1) == out.dim(1),
+                "head_linear: x ", x.shape.str(), " and out ", out.shape.str(), " must be [T, heads, width]");
+    const int64_t heads = x.dim(1);
+    TETRA_CHECK(head_stride >= 1 && row0 >= 0 && n_rows >= 1 && row0 + n_rows <= head_stride &&
+                    heads * head_stride <= w.n_out,
+                "head_linear: ", heads, " heads of ", head_stride, " rows do not fit a weight of ", w.n_out, " rows");
+    const int64_t x_width = transposed ? n_rows : w.n_in, out_width = transposed ? w.n_in : n_rows;
+    TETRA_CHECK(x.dim(2) == x_width && out.dim(2) == out_width, "head_linear: widths ", x.dim(2), " -> ",
+                out.dim(2), " do not match the weight block");
+    check_device(x, "head_linear", "x");
+    check_device(w.weight, "head_linear", "the weight");
+    if (gemm_->head_linear(stream_of(ctx), x, w, head_stride, row0, n_rows, transposed, out)) return;
+    head_linear_general(stream_of(ctx), x, w, head_stride, row0, n_rows, transposed, out);
   }
   void copy_columns(const Context& ctx, TensorView src, int64_t src_col0, TensorView dst, int64_t dst_col0,
                     int64_t n) override {
@@ -341,6 +345,81 @@ void CudaBackend::attention(const Context& ctx, TensorView q, const KvCacheLayer
   const int64_t ws = paged_attention_workspace_bytes(p, props_.sm_count);
   void* w = ws > 0 ? scratch(ctx, ws, "attention").data : nullptr;
   paged_attention(stream_of(ctx), p, w, ws, props_.sm_count);
+}
+
+void CudaBackend::mla_attention(const Context& ctx, TensorView q_latent, TensorView q_rope, const KvCacheLayer& cache,
+                                const AttentionBatch& batch, float scale, TensorView selected, TensorView out) {
+  TETRA_CHECK(q_latent.shape.rank == 3 && q_rope.shape.rank == 3 && cache.k.shape.rank == 4 && cache.k.dim(2) == 1,
+              "mla_attention: q must be [T, heads, d] and the cache [blocks, block_size, 1, rank + rope]");
+  TETRA_CHECK(q_latent.dtype == DType::BF16 && q_rope.dtype == DType::BF16 && out.dtype == DType::BF16 &&
+                  cache.k.dtype == DType::BF16,
+              "mla_attention: CUDA MLA reads BF16 queries and a BF16 latent cache");
+  MlaAttentionParams p{};
+  p.n_tokens = batch.n_tokens;
+  p.n_heads = int(q_latent.dim(1));
+  p.rank = int(q_latent.dim(2));
+  p.d_rope = int(q_rope.dim(2));
+  TETRA_CHECK(q_latent.dim(0) == p.n_tokens && q_rope.dim(0) == p.n_tokens && q_rope.dim(1) == p.n_heads &&
+                  out.numel() == int64_t(p.n_tokens) * p.n_heads * p.rank,
+              "mla_attention: q_latent ", q_latent.shape.str(), ", q_rope ", q_rope.shape.str(), " and out ",
+              out.shape.str(), " do not match ", p.n_tokens, " tokens");
+  TETRA_CHECK(cache.k.dim(3) == p.rank + p.d_rope, "mla_attention: cache rows of ", cache.k.dim(3),
+              " are not latent ", p.rank, " + rope ", p.d_rope);
+  if (!selected.empty()) {
+    TETRA_CHECK(selected.dtype == DType::I32 && selected.shape.rank == 2 && selected.dim(0) == p.n_tokens,
+                "mla_attention: selected must be I32 [T, top_k], not ", selected.shape.str());
+    p.selected = selected.as<const int32_t>();
+    p.top_k = int(selected.dim(1));
+  }
+  p.q_latent = q_latent.as<const uint16_t>();
+  p.q_rope = q_rope.as<const uint16_t>();
+  p.cache = cache.k.as<const uint16_t>();
+  p.out = out.as<uint16_t>();
+  p.positions = batch.positions.as<const int32_t>();
+  p.seq_starts = batch.seq_starts.as<const int32_t>();
+  p.block_tables = batch.block_tables.as<const int32_t>();
+  p.n_seqs = batch.n_seqs;
+  p.block_size = batch.block_size;
+  p.max_blocks_per_seq = batch.max_blocks_per_seq;
+  p.max_query_len = batch.max_query_len;
+  p.scale = scale;
+  if (p.n_tokens == 0) return;
+  const int64_t ws = mla_attention_workspace_bytes(p, props_.sm_count);
+  void* w = ws > 0 ? scratch(ctx, ws, "mla_attention").data : nullptr;
+  cuda::mla_attention(stream_of(ctx), p, w, ws, props_.sm_count);
+}
+
+void CudaBackend::dsa_select(const Context& ctx, TensorView q, TensorView weights, const KvCacheLayer& cache,
+                             const AttentionBatch& batch, float q_scale, float weight_scale, TensorView selected) {
+  TETRA_CHECK(q.shape.rank == 3 && q.dtype == DType::BF16 && weights.dtype == DType::F32 &&
+                  cache.index_k.dtype == DType::BF16 && cache.index_k.shape.rank == 4 && cache.index_k.dim(2) == 1,
+              "dsa_select: BF16 queries [T, heads, d], F32 weights and a BF16 index-key cache [blocks, block_size, 1, d]");
+  DsaSelectParams p{};
+  p.n_tokens = batch.n_tokens;
+  p.n_heads = int(q.dim(1));
+  p.dim = int(q.dim(2));
+  TETRA_CHECK(q.dim(0) == p.n_tokens && weights.numel() == int64_t(p.n_tokens) * p.n_heads &&
+                  cache.index_k.dim(3) == p.dim,
+              "dsa_select: q ", q.shape.str(), ", weights ", weights.shape.str(), " and index keys ",
+              cache.index_k.shape.str(), " do not match ", p.n_tokens, " tokens");
+  TETRA_CHECK(selected.dtype == DType::I32 && selected.shape.rank == 2 && selected.dim(0) == p.n_tokens,
+              "dsa_select: selected must be I32 [T, top_k], not ", selected.shape.str());
+  p.q = q.as<const uint16_t>();
+  p.weights = weights.as<const float>();
+  p.index_k = cache.index_k.as<const uint16_t>();
+  p.selected = selected.as<int32_t>();
+  p.top_k = int(selected.dim(1));
+  p.positions = batch.positions.as<const int32_t>();
+  p.seq_starts = batch.seq_starts.as<const int32_t>();
+  p.block_tables = batch.block_tables.as<const int32_t>();
+  p.n_seqs = batch.n_seqs;
+  p.block_size = batch.block_size;
+  p.max_blocks_per_seq = batch.max_blocks_per_seq;
+  p.q_scale = q_scale;
+  p.weight_scale = weight_scale;
+  if (p.n_tokens == 0) return;
+  const int64_t ws = dsa_select_workspace_bytes(p);
+  cuda::dsa_select(stream_of(ctx), p, scratch(ctx, ws, "dsa_select").data, ws);
 }
 
 void CudaBackend::moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,

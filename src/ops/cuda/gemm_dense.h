@@ -23,6 +23,10 @@ class DenseGemm {
   // False when cuBLASLt has no algorithm for these types and strides; the caller then runs
   // the general kernel. The bias is the caller's.
   bool linear(cudaStream_t stream, TensorView x, const LinearWeight& w, TensorView out);
+  // Backend::head_linear as one strided-batched GEMM over the heads (BF16 x, weight and out);
+  // false where cuBLASLt has no algorithm.
+  bool head_linear(cudaStream_t stream, TensorView x, const LinearWeight& w, int64_t head_stride, int64_t row0,
+                   int64_t n_rows, bool transposed, TensorView out);
 
  private:
   struct Plan {
@@ -34,11 +38,16 @@ class DenseGemm {
   // (tokens, n_out, n_in, weight dtype, out dtype)
   using Key = std::tuple<int64_t, int64_t, int64_t, int, int>;
   Plan& plan(const Key& key, cudaDataType_t wt, cudaDataType_t ot);
+  // (tokens, heads, head_stride, n_rows, n_in, transposed)
+  using HeadKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+  Plan& head_plan(const HeadKey& key);
+  void choose_algo(Plan& p, uint32_t min_alignment = 0);  // 0: cuBLASLt's default (256 bytes)
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::map<Key, Plan> plans_;
+  std::map<HeadKey, Plan> head_plans_;
 };
 
 }  // namespace tetra::ops::cuda

@@ -106,7 +106,53 @@ __global__ void __launch_bounds__(256) linear_tiled_kernel(DeviceLinear L, const
   }
 }
 
+// Backend::head_linear for any weight format: one warp per (head, output column) and group
+// of tokens. Plain: column r is weight row h * head_stride + row0 + r, read along k.
+// Transposed: column c is column c of the head's n_rows rows, read down them.
+__global__ void head_linear_kernel(DeviceLinear L, const void* x, DType xdt, int64_t n_tokens, int64_t n_heads,
+                                   int64_t head_stride, int64_t row0, int64_t n_rows, bool transposed, void* out,
+                                   DType odt) {
+  const int lane = threadIdx.x % 32;
+  const int64_t x_width = transposed ? n_rows : L.n_in, out_width = transposed ? L.n_in : n_rows;
+  const int64_t col = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32, h = blockIdx.y;
+  if (col >= out_width) return;
+  const int64_t first_row = h * head_stride + row0;
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kGroup) {
+    const int g = n_tokens - t0 < kGroup ? int(n_tokens - t0) : kGroup;
+    float acc[kGroup] = {};
+    for (int64_t i = lane; i < x_width; i += 32) {
+      const float w = transposed ? weight_at(L, first_row + i, col) : weight_at(L, first_row + col, i);
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j)
+        if (j < g) acc[j] += w * load_float(x, ((t0 + j) * n_heads + h) * x_width + i, xdt);
+    }
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const float s = warp_sum(acc[j]);
+      if (lane == 0 && j < g) store_float(out, ((t0 + j) * n_heads + h) * out_width + col, odt, s);
+    }
+  }
+}
+
+DeviceLinear device_linear(const LinearWeight& w) {
+  return {w.weight.data, w.weight.dtype, w.format, w.block_scale.as<const uint8_t>(), w.global_scale,
+          w.n_out, w.n_in, w.bias.empty() ? nullptr : w.bias.data, w.bias.dtype};
+}
+
 }  // namespace
+
+void head_linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, int64_t head_stride, int64_t row0,
+                         int64_t n_rows, bool transposed, TensorView out) {
+  const int64_t n_tokens = x.dim(0), n_heads = x.dim(1);
+  const int64_t out_width = transposed ? w.n_in : n_rows;
+  if (n_tokens == 0 || out_width == 0) return;
+  constexpr int kWarps = 8;
+  TETRA_CHECK(n_heads <= 65535, "head_linear: ", n_heads, " heads is too many");
+  const dim3 grid(unsigned((out_width + kWarps - 1) / kWarps), unsigned(n_heads));
+  head_linear_kernel<<<grid, 32 * kWarps, 0, stream>>>(device_linear(w), x.data, x.dtype, n_tokens, n_heads,
+                                                       head_stride, row0, n_rows, transposed, out.data, out.dtype);
+  TETRA_CUDA_CHECK_LAUNCH("head_linear");
+}
 
 void linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, TensorView out) {
   const int64_t n_tokens = w.n_in ? x.numel() / w.n_in : 0;
@@ -115,8 +161,7 @@ void linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, Te
               w.n_out, "x", w.n_in);
   TETRA_CHECK((x.dtype == DType::BF16 || x.dtype == DType::F32) && (out.dtype == DType::BF16 || out.dtype == DType::F32),
               "linear: x and out must be BF16 or F32 on CUDA");
-  DeviceLinear L{w.weight.data, w.weight.dtype, w.format, w.block_scale.as<const uint8_t>(), w.global_scale,
-                 w.n_out, w.n_in, w.bias.empty() ? nullptr : w.bias.data, w.bias.dtype};
+  const DeviceLinear L = device_linear(w);
   if (w.format == WeightFormat::Nvfp4)
     TETRA_CHECK(w.n_in % 16 == 0 && w.weight.dtype == DType::U8 && !w.block_scale.empty(),
                 "linear: NVFP4 weights need U8 codes, block scales and a width that is a multiple of 16");

@@ -12,4 +12,9 @@ namespace tetra::ops::cuda {
 
 void linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, TensorView out);
 
+// Backend::head_linear for every weight format (the dense BF16 case has a batched GEMM in
+// gemm_dense.h). The caller checks the shapes.
+void head_linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, int64_t head_stride, int64_t row0,
+                         int64_t n_rows, bool transposed, TensorView out);
+
 }  // namespace tetra::ops::cuda

@@ -1,0 +1,664 @@
+// MLA attention (absorbed) and the DSA key choice on sm_90a; see attention_mla.h.
+//
+// The tiled MLA kernel: a block owns 16 query rows of one group (a sequence's (token, head)
+// rows packed token-major, or one token's heads when the DSA chose its keys) and one key
+// split, and streams 64-key tiles of 576-value cache rows through two shared-memory stages
+// with cp.async. Its 4 warps split the work of a tile without repeating any of it: warp w
+// scores the rows against dims [144w, 144w + 144) of the keys, the four partial score tiles
+// meet in shared memory and every warp adds them in the same order (so all hold the same
+// scores and softmax state), then warp w accumulates output dims [128w, 128w + 128) of P V,
+// V being the first 512 values of the same rows. Splits leave (max, sum, unnormalized
+// output) in the workspace for combine_kernel, as flash-decoding does.
+//
+// The DSA select: a scores kernel (a thread per key, the token's queries in shared memory)
+// writes each token's scores to the workspace, then one block per token finds the top_k by a
+// radix select on the scores' order-preserving bit patterns and writes the winners in
+// ascending position order.
+#include "ops/cuda/attention_mla.h"
+
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/mma_sync.cuh"
+
+namespace tetra::ops::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ int cache_slot(const int32_t* block_tables, int max_blocks_per_seq, int block_size,
+                                          int seq, int key) {
+  const int block = block_tables[int64_t(seq) * max_blocks_per_seq + key / block_size];
+  return block * block_size + key % block_size;
+}
+
+// The last sequence starting at or before `token`.
+__device__ __forceinline__ int sequence_of(const int32_t* seq_starts, int n_seqs, int token) {
+  int lo = 0, hi = n_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (seq_starts[mid] <= token) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+struct MlaArgs {
+  MlaAttentionParams p;
+  int n_splits;
+  int key_cap;         // max_blocks_per_seq * block_size
+  float scale_log2;    // scale * log2(e): the softmax runs on exp2
+  float* partial_acc;  // [n_tokens, n_heads, n_splits, rank]
+  float2* partial_ml;  // [n_tokens, n_heads, n_splits]: max (log2 units), sum of p
+};
+
+// ---- the tiled kernel ----
+
+namespace tiled {
+constexpr int kRank = 512, kRope = 64, kWidth = kRank + kRope;
+constexpr int kWarps = 4, kThreads = 32 * kWarps, kRows = 16, kKeys = 64, kStages = 2;
+constexpr int kStride = kWidth + 8;             // a 16-byte skew: ldmatrix rows in 8 bank groups
+constexpr int kChunks = kWidth / 8;             // 16-byte chunks of a row
+constexpr int kScoreSteps = kWidth / 16 / kWarps;  // 16-dim k-steps of the scores per warp
+constexpr int kOutDims = kRank / kWarps;        // output dims per warp
+constexpr int kQBytes = kRows * kStride * 2;
+constexpr int kTileBytes = kKeys * kStride * 2;
+constexpr int kPartialOffset = kQBytes + kStages * kTileBytes;
+constexpr int kPartialBytes = kWarps * kRows * kKeys * 4;
+constexpr int kSlotsOffset = kPartialOffset + kPartialBytes;
+constexpr int kSmemBytes = kSlotsOffset + kStages * kKeys * 4;
+static_assert(kWidth % (16 * kWarps) == 0 && kRank % (16 * kWarps) == 0, "whole k-steps and n-tiles per warp");
+static_assert(kRows * kChunks % kThreads == 0 && kKeys * kChunks % kThreads == 0, "equal copies per thread");
+static_assert(kKeys <= kThreads, "one thread finds each key's slot");
+static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
+
+// One block's rows and keys.
+struct Work {
+  int seq, split;
+  int token_begin, n_rows, row0;
+  bool by_token;       // keys from `selected` of token token_begin
+  int key_begin, key_end;  // key indices of this split (positions, or entries of `selected`)
+};
+
+// The cache slot of key index `key` of the work, or -1: past the split, or an unused or
+// out-of-range entry of `selected`.
+__device__ __forceinline__ int slot_of_key(const MlaArgs& a, const Work& w, int key) {
+  if (key >= w.key_end) return -1;
+  int position = key;
+  if (w.by_token) {
+    position = a.p.selected[int64_t(w.token_begin) * a.p.top_k + key];
+    if (position < 0 || position > a.p.positions[w.token_begin] || position >= a.key_cap) return -1;
+  }
+  return cache_slot(a.p.block_tables, a.p.max_blocks_per_seq, a.p.block_size, w.seq, position);
+}
+
+__device__ __forceinline__ void load_q(const MlaArgs& a, const Work& w, uint16_t* q_smem) {
+  const int H = a.p.n_heads;
+  for (int i = int(threadIdx.x); i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks, row = w.row0 + r;
+    const bool valid = row < w.n_rows;
+    const uint16_t* src = a.p.q_latent;
+    if (valid) {
+      const int64_t qrow = int64_t(w.token_begin + row / H) * H + row % H;
+      src = c < kRank / 8 ? a.p.q_latent + qrow * kRank + 8 * c : a.p.q_rope + qrow * kRope + 8 * (c - kRank / 8);
+    }
+    cp_async_16(smem_addr(q_smem + r * kStride + 8 * c), src, valid);
+  }
+}
+
+__device__ __forceinline__ void copy_tile(const MlaArgs& a, const int32_t* slots, uint16_t* tile) {
+#pragma unroll 4
+  for (int i = int(threadIdx.x); i < kKeys * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks, slot = slots[r];
+    const uint16_t* src = slot >= 0 ? a.p.cache + int64_t(slot) * kWidth + 8 * c : a.p.cache;
+    cp_async_16(smem_addr(tile + r * kStride + 8 * c), src, slot >= 0);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint16_t* q_smem = reinterpret_cast<uint16_t*>(smem);
+  const auto tile_smem = [&](int s) { return reinterpret_cast<uint16_t*>(smem + kQBytes + s * kTileBytes); };
+  float* partial = reinterpret_cast<float*>(smem + kPartialOffset);
+  const auto slots = [&](int s) { return reinterpret_cast<int32_t*>(smem + kSlotsOffset) + s * kKeys; };
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int H = a.p.n_heads;
+
+  Work w;
+  w.split = int(blockIdx.x) % a.n_splits;
+  w.by_token = a.p.selected != nullptr;
+  if (w.by_token) {
+    w.token_begin = int(blockIdx.y);
+    w.seq = sequence_of(a.p.seq_starts, a.p.n_seqs, w.token_begin);
+    w.n_rows = H;
+  } else {
+    w.seq = int(blockIdx.y);
+    w.token_begin = a.p.seq_starts[w.seq];
+    w.n_rows = (a.p.seq_starts[w.seq + 1] - w.token_begin) * H;
+  }
+  const int tile_stride = int(gridDim.x) / a.n_splits;
+  for (int row_tile = int(blockIdx.x) / a.n_splits; row_tile * kRows < w.n_rows; row_tile += tile_stride) {
+    w.row0 = row_tile * kRows;
+    // The lane's rows g and g + 8, and the last key each sees (-1: a padding row).
+    int row_token[2], row_head[2], key_limit[2];
+    bool row_valid[2];
+    int tile_last = -1;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = w.row0 + g + 8 * r;
+      row_valid[r] = row < w.n_rows;
+      row_token[r] = w.token_begin + row / H;
+      row_head[r] = row % H;
+      key_limit[r] = row_valid[r] ? (w.by_token ? INT_MAX : a.p.positions[row_token[r]]) : -1;
+    }
+    // The block's keys: every row's, cut at the cap; split evenly in whole tiles.
+    if (w.by_token) {
+      tile_last = a.p.top_k - 1;
+    } else {
+      const int last_row = min(w.row0 + kRows, w.n_rows) - 1;
+      tile_last = a.p.positions[w.token_begin + last_row / H];  // rows are token-major: the last is the latest
+    }
+    const int n_keys = min(tile_last + 1, w.by_token ? a.p.top_k : a.key_cap);
+    const int per_split = max(kKeys, (n_keys + a.n_splits * kKeys - 1) / (a.n_splits * kKeys) * kKeys);
+    w.key_begin = w.split * per_split;
+    w.key_end = w.split == a.n_splits - 1 ? n_keys : min(n_keys, w.key_begin + per_split);
+    const int n_tiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + kKeys - 1) / kKeys : 0;
+
+    float acc[kOutDims / 8][4];
+#pragma unroll
+    for (int n = 0; n < kOutDims / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[n][i] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    if (n_tiles > 0) {
+      if (tid < kKeys) slots(0)[tid] = slot_of_key(a, w, w.key_begin + tid);
+      load_q(a, w, q_smem);
+      __syncthreads();  // tile 0's slots
+      copy_tile(a, slots(0), tile_smem(0));
+      cp_async_commit();  // Q and tile 0
+    }
+    for (int it = 0; it < n_tiles; ++it) {
+      const int stage = it % kStages, next = it + 1;
+      // The next tile's slots go to the stage tile it - 1 used, free since the barrier that
+      // ended iteration it - 1.
+      if (tid < kKeys) slots(next % kStages)[tid] = slot_of_key(a, w, w.key_begin + next * kKeys + tid);
+      __syncthreads();
+      if (next < n_tiles) copy_tile(a, slots(next % kStages), tile_smem(next % kStages));
+      cp_async_commit();
+      cp_async_wait<1>();
+      __syncthreads();  // every thread's copies of tile it landed
+
+      const uint16_t* tile = tile_smem(stage);
+      // Partial scores over this warp's dims, for all 64 keys.
+      float s[kKeys / 8][4];
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+      const uint32_t q_addr = smem_addr(q_smem + (lane % 16) * kStride + (lane / 16) * 8);
+      const uint32_t k_addr = smem_addr(tile + ((lane / 16) * 8 + lane % 8) * kStride + ((lane / 8) % 2) * 8);
+#pragma unroll
+      for (int j = 0; j < kScoreSteps; ++j) {
+        const int kk = warp * kScoreSteps + j;
+        uint32_t qa[4];
+        ldmatrix_x4(qa, q_addr + kk * 32);
+#pragma unroll
+        for (int np = 0; np < kKeys / 16; ++np) {
+          uint32_t kb[4];
+          ldmatrix_x4(kb, k_addr + np * 16 * kStride * 2 + kk * 32);
+          mma_bf16_16x8x16(s[2 * np], qa, kb[0], kb[1]);
+          mma_bf16_16x8x16(s[2 * np + 1], qa, kb[2], kb[3]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[((warp * (kKeys / 8) + n) * 4 + i) * 32 + lane] = s[n][i];
+      __syncthreads();
+      // The whole scores, in the same order in every warp; then the online softmax.
+      const int key0 = w.key_begin + it * kKeys;
+      const int32_t* tile_slots = slots(stage);
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float x = 0.0f;
+#pragma unroll
+          for (int v = 0; v < kWarps; ++v) x += partial[((v * (kKeys / 8) + n) * 4 + i) * 32 + lane];
+          const int k = 8 * n + 2 * t4 + (i & 1);
+          x *= a.scale_log2;
+          if (tile_slots[k] < 0 || key0 + k > key_limit[i / 2]) x = -INFINITY;
+          s[n][i] = x;
+          tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
+        }
+      float base[2], alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+        base[r] = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: exp2(-inf - 0) = 0, not NaN
+        alpha[r] = exp2_approx(m[r] - base[r]);
+        m[r] = m_new;
+      }
+      float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          s[n][i] = exp2_approx(s[n][i] - base[i / 2]);
+          tile_sum[i / 2] += s[n][i];
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + tile_sum[r];
+#pragma unroll
+      for (int n = 0; n < kOutDims / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[n][i] *= alpha[i / 2];
+      // O[:, this warp's dims] += P V; P's accumulators are the A operand as they stand.
+      const uint32_t v_addr = smem_addr(tile + (((lane / 8) % 2) * 8 + lane % 8) * kStride + (lane / 16) * 8 +
+                                        warp * kOutDims);
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        const uint32_t pa[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                                pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int np = 0; np < kOutDims / 16; ++np) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, v_addr + kk * 16 * kStride * 2 + np * 32);
+          mma_bf16_16x8x16(acc[2 * np], pa, vb[0], vb[1]);
+          mma_bf16_16x8x16(acc[2 * np + 1], pa, vb[2], vb[3]);
+        }
+      }
+      __syncthreads();  // the stage, its slots and the partial scores are free again
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = quad_sum(l[r]);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (!row_valid[r]) continue;
+      const int64_t out_row = int64_t(row_token[r]) * H + row_head[r];
+      if (a.n_splits > 1) {
+        const int64_t part = out_row * a.n_splits + w.split;
+        float* dst = a.partial_acc + part * kRank + warp * kOutDims;
+#pragma unroll
+        for (int n = 0; n < kOutDims / 8; ++n)
+          *reinterpret_cast<float2*>(dst + 8 * n + 2 * t4) = make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
+        if (warp == 0 && t4 == 0) a.partial_ml[part] = make_float2(m[r], l[r]);
+      } else {
+        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;  // no key at all: 0
+        uint16_t* dst = a.p.out + out_row * kRank + warp * kOutDims;
+#pragma unroll
+        for (int n = 0; n < kOutDims / 8; ++n)
+          *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t4) =
+              pack_bf16x2(acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
+      }
+    }
+    __syncthreads();  // Q is reloaded for the next row tile
+  }
+}
+}  // namespace tiled
+
+// ---- split combine ----
+
+constexpr int kCombineThreads = 128;
+
+// One block per (token, head): out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i over the
+// splits with a key, in split order.
+__global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const MlaArgs a) {
+  const int64_t out_row = blockIdx.x;
+  const int rank = a.p.rank;
+  const float2* ml = a.partial_ml + out_row * a.n_splits;
+  float m_max = -INFINITY;
+  for (int i = 0; i < a.n_splits; ++i) m_max = fmaxf(m_max, ml[i].x);
+  float l_sum = 0.0f;
+  for (int i = 0; i < a.n_splits; ++i)
+    if (ml[i].x != -INFINITY) l_sum += exp2_approx(ml[i].x - m_max) * ml[i].y;
+  const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+  for (int d = int(threadIdx.x); d < rank; d += kCombineThreads) {
+    float o = 0.0f;
+    for (int i = 0; i < a.n_splits; ++i)
+      if (ml[i].x != -INFINITY) o += exp2_approx(ml[i].x - m_max) * a.partial_acc[(out_row * a.n_splits + i) * rank + d];
+    a.p.out[out_row * rank + d] = to_bf16(o * inv);
+  }
+}
+
+// ---- fallback ----
+
+constexpr int kFallbackWarps = 4;
+constexpr int kFallbackMaxWidth = 1024;
+constexpr int kFallbackPerLane = kFallbackMaxWidth / 32;
+
+// One warp per (token, head), keys one at a time with an online softmax. Lane l holds dims
+// l, l + 32, ... of the row [latent | rope].
+__global__ void __launch_bounds__(kFallbackWarps * 32) mla_fallback_kernel(const MlaArgs a) {
+  const MlaAttentionParams& p = a.p;
+  const int64_t out_row = int64_t(blockIdx.x) * kFallbackWarps + threadIdx.x / 32;
+  const int lane = int(threadIdx.x) % 32;
+  if (out_row >= int64_t(p.n_tokens) * p.n_heads) return;  // the whole warp leaves together
+  const int token = int(out_row / p.n_heads);
+  const int seq = sequence_of(p.seq_starts, p.n_seqs, token), position = p.positions[token];
+  const int width = p.rank + p.d_rope;
+  float q[kFallbackPerLane], acc[kFallbackPerLane];
+#pragma unroll
+  for (int j = 0; j < kFallbackPerLane; ++j) {
+    const int d = lane + 32 * j;
+    q[j] = d < p.rank ? bf16_to_float(p.q_latent[out_row * p.rank + d])
+           : d < width ? bf16_to_float(p.q_rope[out_row * p.d_rope + d - p.rank])
+                       : 0.0f;
+    acc[j] = 0.0f;
+  }
+  const int n_keys = p.selected ? p.top_k : max(0, min(position + 1, a.key_cap));
+  float m = -INFINITY, l = 0.0f;
+  for (int key = 0; key < n_keys; ++key) {
+    int pos = key;
+    if (p.selected) {
+      pos = p.selected[int64_t(token) * p.top_k + key];
+      if (pos < 0 || pos > position || pos >= a.key_cap) continue;
+    }
+    const uint16_t* row =
+        p.cache + int64_t(cache_slot(p.block_tables, p.max_blocks_per_seq, p.block_size, seq, pos)) * width;
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kFallbackPerLane; ++j)
+      if (lane + 32 * j < width) dot += q[j] * bf16_to_float(row[lane + 32 * j]);
+    const float score = warp_sum(dot) * a.scale_log2;
+    const float m_new = fmaxf(m, score);
+    const float alpha = exp2_approx(m - m_new), weight = exp2_approx(score - m_new);
+    l = l * alpha + weight;
+#pragma unroll
+    for (int j = 0; j < kFallbackPerLane; ++j)
+      if (lane + 32 * j < p.rank) acc[j] = acc[j] * alpha + weight * bf16_to_float(row[lane + 32 * j]);
+    m = m_new;
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kFallbackPerLane; ++j)
+    if (lane + 32 * j < p.rank) p.out[out_row * p.rank + lane + 32 * j] = to_bf16(acc[j] * inv);
+}
+
+// ---- MLA host ----
+
+constexpr int kTargetBlocksPerSm = 2;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void check_params(const MlaAttentionParams& p) {
+  TETRA_CHECK(p.n_seqs >= 1 && p.n_seqs <= 65535, "mla_attention: n_seqs must be 1..65535, not ", p.n_seqs);
+  TETRA_CHECK(p.n_heads >= 1 && p.rank >= 1 && p.d_rope >= 0,
+              "mla_attention: ", p.n_heads, " heads of latent ", p.rank, " and rope ", p.d_rope);
+  TETRA_CHECK(p.block_size >= 1 && p.max_blocks_per_seq >= 1, "mla_attention: block_size ", p.block_size,
+              ", max_blocks_per_seq ", p.max_blocks_per_seq);
+  TETRA_CHECK(p.max_query_len >= 1 && p.max_query_len <= p.n_tokens, "mla_attention: max_query_len ",
+              p.max_query_len, " does not fit ", p.n_tokens, " tokens");
+  TETRA_CHECK(!p.selected || (p.top_k >= 1 && p.n_tokens <= 65535), "mla_attention: top_k ", p.top_k, " for ",
+              p.n_tokens, " tokens");
+  TETRA_CHECK(std::isfinite(p.scale), "mla_attention: scale is ", p.scale);
+  TETRA_CHECK(p.q_latent && p.q_rope && p.cache && p.out && p.positions && p.seq_starts && p.block_tables,
+              "mla_attention: a tensor pointer is null");
+}
+
+MlaAttentionPlan make_plan(const MlaAttentionParams& p, int sm_count) {
+  MlaAttentionPlan plan;
+  if (p.n_tokens == 0) return plan;
+  check_params(p);
+  const bool shape = p.rank == tiled::kRank && p.d_rope == tiled::kRope;
+  const bool aligned = aligned16(p.q_latent) && aligned16(p.q_rope) && aligned16(p.cache) && aligned16(p.out);
+  if (!shape || !aligned) {
+    TETRA_CHECK(p.rank + p.d_rope <= kFallbackMaxWidth, "mla_attention: cache rows of ", p.rank + p.d_rope,
+                " values; at most ", kFallbackMaxWidth, " outside rank 512 + rope 64");
+    return plan;
+  }
+  plan.path = MlaAttentionPath::Tiled;
+  const int64_t group_rows = p.selected ? p.n_heads : int64_t(p.max_query_len) * p.n_heads;
+  plan.n_row_tiles = int(std::min<int64_t>(ceil_div(group_rows, tiled::kRows), INT_MAX / 1024));
+  // Split a group's keys when the blocks alone would leave SMs idle. The count comes from the
+  // batch's shape and the step's capacity, never its lengths, and each block divides its own
+  // keys evenly: one CUDA graph serves every length and gives eager decode's sums.
+  const int64_t groups = p.selected ? p.n_tokens : p.n_seqs;
+  const int64_t work = groups * plan.n_row_tiles;
+  const int64_t target = int64_t(kTargetBlocksPerSm) * sm_count;
+  const int64_t cap = p.selected ? p.top_k : int64_t(p.max_blocks_per_seq) * p.block_size;
+  const int64_t wanted = work >= target ? 1 : ceil_div(target, work);
+  plan.n_splits = int(std::max<int64_t>(1, std::min(wanted, ceil_div(cap, tiled::kKeys))));
+  return plan;
+}
+
+int64_t workspace_bytes(const MlaAttentionParams& p, const MlaAttentionPlan& plan, int64_t* ml_offset) {
+  if (plan.n_splits <= 1) return 0;
+  const int64_t parts = int64_t(p.n_tokens) * p.n_heads * plan.n_splits;
+  const int64_t acc = ceil_div(parts * p.rank * int64_t(sizeof(float)), 256) * 256;
+  if (ml_offset) *ml_offset = acc;
+  return acc + parts * int64_t(sizeof(float2));
+}
+
+// ---- DSA ----
+
+constexpr int kScoreThreads = 256;  // keys per scores block
+constexpr int kMaxIndexHeads = 64;
+constexpr int kSelectThreads = 1024;
+constexpr int64_t kScoreWorkspaceBytes = int64_t(64) << 20;  // scores of one group of tokens
+
+struct DsaArgs {
+  DsaSelectParams p;
+  int key_cap;       // max_blocks_per_seq * block_size: the longest row of scores
+  int token0;        // the group's first token
+  float* scores;     // [group tokens, key_cap]
+};
+
+// A thread per key: its index key in registers, 8 dims at a time, against every head's query
+// (shared memory; all threads read the same element, a broadcast). Sums in the CPU's order:
+// each head's dot over the dims in turn, then the heads in turn.
+__global__ void __launch_bounds__(kScoreThreads) dsa_scores_kernel(const DsaArgs a) {
+  extern __shared__ float q_smem[];  // [n_heads, dim], then the heads' weights
+  const DsaSelectParams& p = a.p;
+  const int token = a.token0 + int(blockIdx.y);
+  const int n_keys = min(p.positions[token] + 1, a.key_cap);
+  const int key0 = int(blockIdx.x) * kScoreThreads;
+  if (key0 >= n_keys) return;
+  float* w_smem = q_smem + p.n_heads * p.dim;
+  for (int i = int(threadIdx.x); i < p.n_heads * p.dim; i += kScoreThreads)
+    q_smem[i] = bf16_to_float(p.q[int64_t(token) * p.n_heads * p.dim + i]);
+  for (int h = int(threadIdx.x); h < p.n_heads; h += kScoreThreads)
+    w_smem[h] = p.weights[int64_t(token) * p.n_heads + h] * p.weight_scale;
+  __syncthreads();
+  const int key = key0 + int(threadIdx.x);
+  if (key >= n_keys) return;
+  const int seq = sequence_of(p.seq_starts, p.n_seqs, token);
+  const uint16_t* k =
+      p.index_k + int64_t(cache_slot(p.block_tables, p.max_blocks_per_seq, p.block_size, seq, key)) * p.dim;
+  float dot[kMaxIndexHeads];
+#pragma unroll
+  for (int h = 0; h < kMaxIndexHeads; ++h) dot[h] = 0.0f;
+  for (int d0 = 0; d0 < p.dim; d0 += 8) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(k + d0);
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    float kv[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      kv[2 * j] = __uint_as_float(words[j] << 16);
+      kv[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
+    }
+#pragma unroll
+    for (int h = 0; h < kMaxIndexHeads; ++h) {
+      if (h >= p.n_heads) break;
+      const float* qh = q_smem + h * p.dim + d0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dot[h] += qh[j] * kv[j];
+    }
+  }
+  float score = 0.0f;
+#pragma unroll
+  for (int h = 0; h < kMaxIndexHeads; ++h)
+    if (h < p.n_heads) score += fmaxf(0.0f, dot[h] * p.q_scale) * w_smem[h];
+  a.scores[int64_t(blockIdx.y) * a.key_cap + key] = score;
+}
+
+// Larger floats give larger keys (negative ones flipped whole, positive ones above them).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
+// One block per token: the top_k of its scores. Radix select, 8 bits a pass from the top,
+// finds the top_k-th largest key; then the keys above it and the first of its ties (lowest
+// positions) are written in position order, found by a block-wide scan.
+__global__ void __launch_bounds__(kSelectThreads) dsa_topk_kernel(const DsaArgs a) {
+  using Scan = cub::BlockScan<int, kSelectThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int histogram[256];
+  __shared__ uint32_t s_prefix;
+  __shared__ int s_remaining, s_chunk_total;
+  const DsaSelectParams& p = a.p;
+  const int token = a.token0 + int(blockIdx.x);
+  const int n_keys = min(p.positions[token] + 1, a.key_cap);
+  const float* scores = a.scores + int64_t(blockIdx.x) * a.key_cap;
+  int32_t* out = p.selected + int64_t(token) * p.top_k;
+  const int tid = int(threadIdx.x);
+  if (n_keys <= p.top_k) {  // every key, then -1s
+    for (int j = tid; j < p.top_k; j += kSelectThreads) out[j] = j < n_keys ? j : -1;
+    return;
+  }
+  // The threshold: after the passes, s_prefix is the top_k-th largest key and s_remaining
+  // how many of the keys equal to it belong to the top_k.
+  uint32_t prefix = 0, mask = 0;
+  if (tid == 0) s_remaining = p.top_k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < 256; i += kSelectThreads) histogram[i] = 0;
+    __syncthreads();
+    for (int j = tid; j < n_keys; j += kSelectThreads) {
+      const uint32_t k = order_key(scores[j]);
+      if ((k & mask) == prefix) atomicAdd(&histogram[(k >> shift) & 0xff], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      int remaining = s_remaining, digit = 255;
+      for (; digit > 0 && histogram[digit] < remaining; --digit) remaining -= histogram[digit];
+      s_remaining = remaining;
+      s_prefix = prefix | (uint32_t(digit) << shift);
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    mask |= 0xffu << shift;
+  }
+  const uint32_t threshold = prefix;
+  const int ties_wanted = s_remaining;
+  // Keys above the threshold and the first ties_wanted equal to it, in position order. The
+  // scan counts both in one int: above in the low 16 bits, ties in the high ones.
+  int written = 0, ties_seen = 0;
+  for (int base = 0; base < n_keys; base += kSelectThreads) {
+    const int j = base + tid;
+    const uint32_t k = j < n_keys ? order_key(scores[j]) : 0;
+    const int above = j < n_keys && k > threshold, tie = j < n_keys && k == threshold;
+    int before = 0, total = 0;
+    Scan(scan_storage).ExclusiveSum(above | (tie << 16), before, total);
+    const int ties_before = ties_seen + (before >> 16);
+    const bool take = above || (tie && ties_before < ties_wanted);
+    // The position in the output: everything taken before j in this chunk and earlier ones.
+    const int taken_before = written + (before & 0xffff) + min(before >> 16, max(0, ties_wanted - ties_seen));
+    if (take) out[taken_before] = j;
+    if (tid == 0) s_chunk_total = total;
+    __syncthreads();
+    const int chunk_total = s_chunk_total;
+    written += (chunk_total & 0xffff) + min(chunk_total >> 16, max(0, ties_wanted - ties_seen));
+    ties_seen += chunk_total >> 16;
+    __syncthreads();  // the scan storage and s_chunk_total are reused
+  }
+}
+
+}  // namespace
+
+MlaAttentionPlan mla_attention_plan(const MlaAttentionParams& p, int sm_count) { return make_plan(p, sm_count); }
+
+int64_t mla_attention_workspace_bytes(const MlaAttentionParams& p, int sm_count) {
+  return workspace_bytes(p, make_plan(p, sm_count), nullptr);
+}
+
+void mla_attention(cudaStream_t stream, const MlaAttentionParams& p, void* workspace, int64_t workspace_size,
+                   int sm_count) {
+  if (p.n_tokens == 0) return;
+  const MlaAttentionPlan plan = make_plan(p, sm_count);
+  int64_t ml_offset = 0;
+  const int64_t need = workspace_bytes(p, plan, &ml_offset);
+  TETRA_CHECK(workspace_size >= need && (need == 0 || (workspace && aligned16(workspace))),
+              "mla_attention: needs ", need, " bytes of 16-byte aligned workspace, got ", workspace_size);
+  MlaArgs a{};
+  a.p = p;
+  a.n_splits = plan.n_splits;
+  a.key_cap = int(std::min<int64_t>(int64_t(p.max_blocks_per_seq) * p.block_size, INT_MAX));
+  a.scale_log2 = p.scale * kLog2e;
+  if (need > 0) {
+    a.partial_acc = static_cast<float*>(workspace);
+    a.partial_ml = reinterpret_cast<float2*>(static_cast<uint8_t*>(workspace) + ml_offset);
+  }
+  if (plan.path == MlaAttentionPath::Fallback) {
+    const int64_t n_blocks = ceil_div(int64_t(p.n_tokens) * p.n_heads, kFallbackWarps);
+    TETRA_CHECK(n_blocks <= INT_MAX, "mla_attention: ", p.n_tokens, " tokens x ", p.n_heads, " heads is too many");
+    mla_fallback_kernel<<<unsigned(n_blocks), kFallbackWarps * 32, 0, stream>>>(a);
+    TETRA_CUDA_CHECK_LAUNCH("mla_attention fallback");
+    return;
+  }
+  static const bool raised = [] {  // once per process (for the current device)
+    TETRA_CUDA_CHECK(cudaFuncSetAttribute(tiled::mla_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          tiled::kSmemBytes));
+    return true;
+  }();
+  (void)raised;
+  const dim3 grid(unsigned(plan.n_row_tiles) * unsigned(plan.n_splits),
+                  unsigned(p.selected ? p.n_tokens : p.n_seqs));
+  tiled::mla_tiled_kernel<<<grid, tiled::kThreads, tiled::kSmemBytes, stream>>>(a);
+  TETRA_CUDA_CHECK_LAUNCH("mla_attention tiled");
+  if (plan.n_splits > 1) {
+    mla_combine_kernel<<<unsigned(int64_t(p.n_tokens) * p.n_heads), kCombineThreads, 0, stream>>>(a);
+    TETRA_CUDA_CHECK_LAUNCH("mla_attention combine");
+  }
+}
+
+namespace {
+int dsa_group_tokens(const DsaSelectParams& p) {
+  const int64_t cap = int64_t(p.max_blocks_per_seq) * p.block_size;
+  return int(std::clamp<int64_t>(kScoreWorkspaceBytes / (cap * int64_t(sizeof(float))), 1, p.n_tokens));
+}
+}  // namespace
+
+int64_t dsa_select_workspace_bytes(const DsaSelectParams& p) {
+  if (p.n_tokens == 0) return 0;
+  return int64_t(dsa_group_tokens(p)) * p.max_blocks_per_seq * p.block_size * int64_t(sizeof(float));
+}
+
+void dsa_select(cudaStream_t stream, const DsaSelectParams& p, void* workspace, int64_t workspace_size) {
+  if (p.n_tokens == 0) return;
+  TETRA_CHECK(p.n_heads >= 1 && p.n_heads <= kMaxIndexHeads, "dsa_select: ", p.n_heads,
+              " index heads; the CUDA kernel takes 1..", kMaxIndexHeads);
+  TETRA_CHECK(p.dim >= 8 && p.dim % 8 == 0 && aligned16(p.index_k),
+              "dsa_select: index keys of ", p.dim, " values must be whole 16-byte rows");
+  TETRA_CHECK(p.top_k >= 1 && p.n_seqs >= 1 && p.block_size >= 1 && p.max_blocks_per_seq >= 1,
+              "dsa_select: top_k ", p.top_k, ", ", p.n_seqs, " sequences");
+  TETRA_CHECK(p.q && p.weights && p.index_k && p.selected && p.positions && p.seq_starts && p.block_tables,
+              "dsa_select: a tensor pointer is null");
+  const int64_t cap = int64_t(p.max_blocks_per_seq) * p.block_size;
+  TETRA_CHECK(cap <= INT_MAX, "dsa_select: a context of ", cap, " keys is too long");
+  const int group = dsa_group_tokens(p);
+  TETRA_CHECK(workspace && workspace_size >= int64_t(group) * cap * int64_t(sizeof(float)),
+              "dsa_select: needs ", int64_t(group) * cap * int64_t(sizeof(float)), " bytes of workspace, got ",
+              workspace_size);
+  const int smem = (p.n_heads * p.dim + p.n_heads) * int(sizeof(float));
+  TETRA_CHECK(smem <= 48 * 1024, "dsa_select: ", p.n_heads, " heads of ", p.dim, " values do not fit shared memory");
+  DsaArgs a{p, int(cap), 0, static_cast<float*>(workspace)};
+  for (int t0 = 0; t0 < p.n_tokens; t0 += group) {
+    const int n = std::min(group, p.n_tokens - t0);
+    a.token0 = t0;
+    const dim3 grid(unsigned(ceil_div(cap, kScoreThreads)), unsigned(n));
+    dsa_scores_kernel<<<grid, kScoreThreads, smem, stream>>>(a);
+    TETRA_CUDA_CHECK_LAUNCH("dsa_select scores");
+    dsa_topk_kernel<<<unsigned(n), kSelectThreads, 0, stream>>>(a);
+    TETRA_CUDA_CHECK_LAUNCH("dsa_select top-k");
+  }
+}
+
+}  // namespace tetra::ops::cuda
