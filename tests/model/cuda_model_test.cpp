@@ -343,6 +343,11 @@ INSTANTIATE_TEST_SUITE_P(Gqa, CudaFixture,
                                            "qwen3_moe-tiny-nvfp4", "qwen3_moe-nonorm-nvfp4", "glm4_moe-tiny-nvfp4",
                                            "mixtral-tiny-nvfp4"),
                          fixture_test_name);
+INSTANTIATE_TEST_SUITE_P(Mla, CudaFixture,
+                         ::testing::Values("deepseek_v3-tiny", "deepseek_v3-noqlora", "glm4_moe_lite-tiny",
+                                           "glm_moe_dsa-tiny", "deepseek_v3-tiny-nvfp4", "deepseek_v3-noqlora-nvfp4",
+                                           "glm4_moe_lite-tiny-nvfp4", "glm_moe_dsa-tiny-nvfp4"),
+                         fixture_test_name);
 
 std::vector<runtime::RequestParams> mixed_requests(int n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -377,7 +382,8 @@ TEST_P(CudaDummy, BatchedEngineMatchesTheCpuReference) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaDummy,
                          ::testing::Values("qwen3_moe-small-config", "qwen3_moe-small-nvfp4-config",
-                                           "glm4_moe-small-config", "mixtral-small-config"),
+                                           "glm4_moe-small-config", "mixtral-small-config",
+                                           "deepseek_v3-small-config", "glm_moe_dsa-small-config"),
                          fixture_test_name);
 
 // The engine's behaviours on the GPU, each against the same requests run one at a time on
@@ -433,7 +439,8 @@ TEST_P(CudaEngine, BatchingChunkingPreemptionAndPrefixCache) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaEngine,
-                         ::testing::Values("qwen3_moe-small-nvfp4-config", "qwen3_moe-small-dense-config"),
+                         ::testing::Values("qwen3_moe-small-nvfp4-config", "qwen3_moe-small-dense-config",
+                                           "glm_moe_dsa-small-config"),
                          fixture_test_name);
 
 // Decode graphs: a replay runs the kernels of the padded eager step with the same arguments,
@@ -480,7 +487,8 @@ TEST_P(CudaGraphs, ReplayEqualsTheEagerStep) {
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaGraphs,
                          ::testing::Values("qwen3_moe-small-nvfp4-config", "qwen3_moe-small-dense-config",
-                                           "glm4_moe-small-config", "mixtral-small-config"),
+                                           "glm4_moe-small-config", "mixtral-small-config",
+                                           "deepseek_v3-small-config", "glm_moe_dsa-small-config"),
                          fixture_test_name);
 
 TEST_F(Cuda, ALongPromptsLastChunksFitTheStepArena) {

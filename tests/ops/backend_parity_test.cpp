@@ -15,6 +15,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -414,33 +415,55 @@ TEST_F(BackendParity, ElementwiseGatherAndColumns) {
 }
 
 // A paged batch: sequences with a cached prefix (`context`) and `new_tokens` this step, their
-// blocks scattered over the pool; K/V written by kv_write, then attention, on both backends.
+// blocks scattered over the pool. Two steps on the same cache: the prefixes first, then the
+// new tokens (the prefix cache).
 struct SeqSpec { int context, new_tokens; };
 
-void attention_case(BackendParity& p, const std::vector<SeqSpec>& seqs, int heads, int kv_heads, int dim, int bs,
-                    const std::string& name) {
-  int64_t total_blocks = 0, n_tokens = 0, n_cached = 0;
-  int max_len = 0, max_q = 0;
-  for (const SeqSpec& s : seqs) {
-    total_blocks += (s.context + s.new_tokens + bs - 1) / bs;
-    n_tokens += s.new_tokens;
-    n_cached += s.context;
-    max_len = std::max(max_len, s.context + s.new_tokens);
-    max_q = std::max(max_q, s.new_tokens);
+struct PagedStep {
+  std::vector<int32_t> pos, slots, starts{0}, lens, tables;
+  int n = 0, max_q = 0, max_len = 0;
+
+  AttentionBatch on(Side& s, int bs, int mbps) const {
+    AttentionBatch b;
+    b.n_tokens = n;
+    b.n_seqs = int(lens.size());
+    b.block_size = bs;
+    b.max_blocks_per_seq = mbps;
+    b.max_query_len = max_q;
+    b.max_seq_len = max_len;
+    b.positions = s.ints(pos, {n});
+    b.slot_mapping = s.ints(slots, {n});
+    b.seq_starts = s.ints(starts, {int64_t(starts.size())});
+    b.seq_lens = s.ints(lens, {int64_t(lens.size())});
+    b.block_tables = s.ints(tables, {int64_t(lens.size()), mbps});
+    return b;
   }
-  const int mbps = (max_len + bs - 1) / bs;
-  std::vector<int32_t> perm(static_cast<size_t>(total_blocks));
+};
+
+struct PagedSteps {
+  PagedStep pre, now;
+  int64_t total_blocks = 0;
+  int bs = 0, mbps = 0;
+};
+
+PagedSteps paged_steps(const std::vector<SeqSpec>& seqs, int bs, std::mt19937& rng) {
+  PagedSteps out;
+  out.bs = bs;
+  int max_len = 0;
+  for (const SeqSpec& s : seqs) {
+    out.total_blocks += (s.context + s.new_tokens + bs - 1) / bs;
+    max_len = std::max(max_len, s.context + s.new_tokens);
+  }
+  out.mbps = (max_len + bs - 1) / bs;
+  std::vector<int32_t> perm(static_cast<size_t>(out.total_blocks));
   std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), p.rng);
-  // Two steps on the same cache: the prefixes first, then the new tokens (the prefix cache).
-  struct Step { std::vector<int32_t> pos, slots, starts{0}, lens, tables; int n = 0, max_q = 0, max_len = 0; };
-  Step pre, now;
+  std::shuffle(perm.begin(), perm.end(), rng);
   int64_t next_block = 0;
   for (const SeqSpec& s : seqs) {
     const int len = s.context + s.new_tokens, nb = (len + bs - 1) / bs;
-    std::vector<int32_t> table(static_cast<size_t>(mbps), 0);
+    std::vector<int32_t> table(static_cast<size_t>(out.mbps), 0);
     for (int b = 0; b < nb; ++b) table[size_t(b)] = perm[size_t(next_block++)];
-    auto add = [&](Step& st, int from, int to) {
+    auto add = [&](PagedStep& st, int from, int to) {
       for (int j = from; j < to; ++j) {
         st.pos.push_back(j);
         st.slots.push_back(table[size_t(j / bs)] * bs + j % bs);
@@ -452,38 +475,29 @@ void attention_case(BackendParity& p, const std::vector<SeqSpec>& seqs, int head
       st.max_q = std::max(st.max_q, to - from);
       st.max_len = std::max(st.max_len, to);
     };
-    if (s.context > 0) add(pre, 0, s.context);
-    add(now, s.context, len);
+    if (s.context > 0) add(out.pre, 0, s.context);
+    add(out.now, s.context, len);
   }
-  const int64_t pre_tokens = pre.n;
+  return out;
+}
+
+void attention_case(BackendParity& p, const std::vector<SeqSpec>& seqs, int heads, int kv_heads, int dim, int bs,
+                    const std::string& name) {
+  const PagedSteps steps = paged_steps(seqs, bs, p.rng);
+  const int64_t pre_tokens = steps.pre.n, n_tokens = steps.now.n;
   const auto k_pre = p.randn(pre_tokens * kv_heads * dim), v_pre = p.randn(pre_tokens * kv_heads * dim);
   const auto k_now = p.randn(n_tokens * kv_heads * dim), v_now = p.randn(n_tokens * kv_heads * dim);
   const auto q = p.randn(n_tokens * heads * dim);
   std::vector<float> got, want;
   for (Side* s : {p.cpu.get(), p.gpu.get()}) {
-    const Shape cache_shape{total_blocks, bs, kv_heads, dim};
+    const Shape cache_shape{steps.total_blocks, bs, kv_heads, dim};
     KvCacheLayer cache{s->out(cache_shape, s->b->kv_dtype()), s->out(cache_shape, s->b->kv_dtype()), {}};
-    auto batch = [&](const Step& st) {
-      AttentionBatch b;
-      b.n_tokens = st.n;
-      b.n_seqs = int(st.lens.size());
-      b.block_size = bs;
-      b.max_blocks_per_seq = mbps;
-      b.max_query_len = st.max_q;
-      b.max_seq_len = st.max_len;
-      b.positions = s->ints(st.pos, {st.n});
-      b.slot_mapping = s->ints(st.slots, {st.n});
-      b.seq_starts = s->ints(st.starts, {int64_t(st.starts.size())});
-      b.seq_lens = s->ints(st.lens, {int64_t(st.lens.size())});
-      b.block_tables = s->ints(st.tables, {int64_t(st.lens.size()), mbps});
-      return b;
-    };
     if (pre_tokens > 0) {
-      const AttentionBatch b = batch(pre);
+      const AttentionBatch b = steps.pre.on(*s, bs, steps.mbps);
       s->b->kv_write(s->ctx, s->act(k_pre, {pre_tokens, kv_heads, dim}), s->act(v_pre, {pre_tokens, kv_heads, dim}),
                      b, cache);
     }
-    const AttentionBatch b = batch(now);
+    const AttentionBatch b = steps.now.on(*s, bs, steps.mbps);
     s->b->kv_write(s->ctx, s->act(k_now, {n_tokens, kv_heads, dim}), s->act(v_now, {n_tokens, kv_heads, dim}), b,
                    cache);
     const TensorView o = s->out_act({n_tokens, heads, dim});
@@ -504,6 +518,192 @@ TEST_F(BackendParity, AttentionDecodePrefillAndMixed) {
                  16, 4, 128, 16, "9 mixed sequences across block boundaries");
   attention_case(*this, {{30, 5}, {7, 1}}, 4, 2, 20, 7, "d=20, block size 7");
   attention_case(*this, {{100, 3}}, 2, 1, 256, 1, "d=256, block size 1");
+}
+
+// MLA over the latent cache (rows [latent | rope key] written by cache_write), with every key
+// up to each token's position, or only those a DSA list names: random positions of the
+// token's keys, with unused entries (-1) and entries past its position (neither is a key).
+struct MlaShape { int heads, rank, rope; };
+
+void mla_case(BackendParity& p, const std::vector<SeqSpec>& seqs, MlaShape m, int bs, int top_k,
+              const std::string& name) {
+  const PagedSteps steps = paged_steps(seqs, bs, p.rng);
+  const int width = m.rank + m.rope;
+  const int64_t pre_tokens = steps.pre.n, n_tokens = steps.now.n;
+  const auto c_pre = p.randn(pre_tokens * width), c_now = p.randn(n_tokens * width);
+  const auto ql = p.randn(n_tokens * m.heads * m.rank), qr = p.randn(n_tokens * m.heads * m.rope);
+  std::vector<int32_t> sel;
+  for (int64_t t = 0; top_k > 0 && t < n_tokens; ++t) {
+    const int pos = steps.now.pos[size_t(t)];
+    std::vector<int32_t> keys(static_cast<size_t>(pos + 1));
+    std::iota(keys.begin(), keys.end(), 0);
+    std::shuffle(keys.begin(), keys.end(), p.rng);
+    for (int j = 0; j < top_k; ++j) {
+      int32_t v = size_t(j) < keys.size() ? keys[size_t(j)] : -1;
+      if (j % 7 == 3) v = -1;
+      if (j % 11 == 5) v = pos + 1 + j;
+      sel.push_back(v);
+    }
+  }
+  const float scale = 0.1f;  // scores of a few units: a softmax neither flat nor one-hot
+  std::vector<float> got, want;
+  for (Side* s : {p.cpu.get(), p.gpu.get()}) {
+    KvCacheLayer cache{s->out({steps.total_blocks, bs, 1, width}, s->b->kv_dtype()), {}, {}};
+    if (pre_tokens > 0)
+      s->b->cache_write(s->ctx, s->act(c_pre, {pre_tokens, width}), steps.pre.on(*s, bs, steps.mbps), cache.k);
+    const AttentionBatch b = steps.now.on(*s, bs, steps.mbps);
+    s->b->cache_write(s->ctx, s->act(c_now, {n_tokens, width}), b, cache.k);
+    const TensorView selected = top_k > 0 ? s->ints(sel, {n_tokens, top_k}) : TensorView{};
+    const TensorView o = s->out_act({n_tokens, m.heads, m.rank});
+    s->arena->reset();
+    s->b->mla_attention(s->ctx, s->act(ql, {n_tokens, m.heads, m.rank}), s->act(qr, {n_tokens, m.heads, m.rope}),
+                        cache, b, scale, selected, o);
+    (s == p.cpu.get() ? want : got) = s->read(o);
+  }
+  report("mla_attention " + name, nmse(got, want), kBf16Inner);
+}
+
+TEST_F(BackendParity, MlaAttentionDecodePrefillAndSelected) {
+  const MlaShape glm5{64, 512, 64}, deepseek{128, 512, 64}, narrow{16, 512, 64}, tiny{4, 32, 8};
+  mla_case(*this, {{0, 1}}, narrow, 16, 0, "one token, context 1");
+  mla_case(*this, {{4095, 1}}, glm5, 64, 0, "GLM-5 decode at 4k");
+  mla_case(*this, {{32767, 1}}, narrow, 64, 0, "decode at 32k, one sequence (split keys)");
+  mla_case(*this, {{131071, 1}}, glm5, 64, 0, "GLM-5 decode at 128k");
+  mla_case(*this, {{2000, 1}, {5000, 1}, {1, 1}}, deepseek, 64, 0, "DeepSeek-V3 decode, 3 sequences");
+  mla_case(*this, {{0, 300}}, narrow, 16, 0, "prefill of 300 from position 0");
+  mla_case(*this, {{123, 77}}, {8, 512, 64}, 16, 0, "prefix-cached prefill (123 cached + 77)");
+  mla_case(*this, {{10, 7}, {0, 3}}, {20, 512, 64}, 16, 0, "20 heads: row tiles across tokens");
+  mla_case(*this, {{1000, 1}, {0, 33}, {17, 1}, {250, 40}, {0, 1}, {2047, 1}, {5, 19}, {64, 64}, {999, 2}}, narrow,
+           16, 0, "9 mixed sequences across block boundaries");
+  mla_case(*this, {{30, 5}, {7, 1}}, tiny, 7, 0, "tiny fixture shape (fallback), block size 7");
+  mla_case(*this, {{4095, 1}, {100, 1}, {3, 1}}, glm5, 64, 2048, "GLM-5 decode over 2,048 selected keys");
+  mla_case(*this, {{50, 40}}, narrow, 16, 32, "prefill over 32 selected keys per token");
+  mla_case(*this, {{20, 3}, {0, 2}}, tiny, 4, 6, "tiny shape (fallback), 6 selected keys");
+}
+
+// The DSA's choice against a double-precision reference on the same inputs: both backends
+// must take min(top_k, keys) distinct positions of the token's keys, and where their sets
+// differ, each key in one but not the other must score within a rounding of the top_k-th
+// score (f32 sums in another order). Keys that are equal score equally: the lower position
+// wins on both.
+void dsa_case(BackendParity& p, const std::vector<SeqSpec>& seqs, int heads, int dim, int top_k, int bs,
+              bool all_equal, const std::string& name) {
+  const PagedSteps steps = paged_steps(seqs, bs, p.rng);
+  const int64_t pre_tokens = steps.pre.n, n_tokens = steps.now.n;
+  auto k_pre = p.randn(pre_tokens * dim), k_now = p.randn(n_tokens * dim);
+  if (all_equal) {
+    std::fill(k_pre.begin(), k_pre.end(), 0.5f);
+    std::fill(k_now.begin(), k_now.end(), 0.5f);
+  }
+  const auto q = p.randn(n_tokens * heads * dim), weights = p.randn(n_tokens * heads, 1.0f, false);
+  const float q_scale = 1.0f / std::sqrt(float(dim)), weight_scale = 1.0f / std::sqrt(float(heads));
+  std::vector<std::vector<int32_t>> picked;
+  for (Side* s : {p.cpu.get(), p.gpu.get()}) {
+    KvCacheLayer cache{{}, {}, s->out({steps.total_blocks, bs, 1, dim}, s->b->kv_dtype())};
+    if (pre_tokens > 0)
+      s->b->cache_write(s->ctx, s->act(k_pre, {pre_tokens, dim}), steps.pre.on(*s, bs, steps.mbps), cache.index_k);
+    const AttentionBatch b = steps.now.on(*s, bs, steps.mbps);
+    s->b->cache_write(s->ctx, s->act(k_now, {n_tokens, dim}), b, cache.index_k);
+    const TensorView sel = s->out({n_tokens, top_k}, DType::I32);
+    s->arena->reset();
+    s->b->dsa_select(s->ctx, s->act(q, {n_tokens, heads, dim}), s->put(weights, {n_tokens, heads}, DType::F32), cache,
+                     b, q_scale, weight_scale, sel);
+    std::vector<int32_t> v(static_cast<size_t>(n_tokens * top_k));
+    s->b->copy_to_host(v.data(), sel);
+    picked.push_back(std::move(v));
+  }
+  // Each token's keys in position order, from the prefix and the new tokens of its sequence.
+  int64_t pre_at = 0, now_at = 0, differing = 0;
+  for (size_t seq = 0; seq < seqs.size(); ++seq) {
+    std::vector<const float*> key_rows;
+    for (int j = 0; j < seqs[seq].context; ++j) key_rows.push_back(&k_pre[size_t((pre_at + j) * dim)]);
+    for (int j = 0; j < seqs[seq].new_tokens; ++j) key_rows.push_back(&k_now[size_t((now_at + j) * dim)]);
+    for (int j = 0; j < seqs[seq].new_tokens; ++j) {
+      const int64_t t = now_at + j;
+      const int n_keys = seqs[seq].context + j + 1, k = std::min(top_k, n_keys);
+      std::vector<double> score(static_cast<size_t>(n_keys), 0.0);
+      double max_abs = 0;
+      for (int key = 0; key < n_keys; ++key) {
+        for (int h = 0; h < heads; ++h) {
+          double dot = 0;
+          for (int d = 0; d < dim; ++d) dot += double(q[size_t((t * heads + h) * dim + d)]) * key_rows[size_t(key)][d];
+          score[size_t(key)] += std::max(0.0, dot * q_scale) * weights[size_t(t * heads + h)] * weight_scale;
+        }
+        max_abs = std::max(max_abs, std::abs(score[size_t(key)]));
+      }
+      std::vector<double> sorted = score;
+      std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<>());
+      const double threshold = sorted[size_t(k - 1)], near = 1e-4 * max_abs;
+      std::vector<std::set<int32_t>> sets;
+      for (const auto& v : picked) {
+        std::set<int32_t> chosen;
+        for (int e = 0; e < top_k; ++e) {
+          const int32_t pos = v[size_t(t * top_k + e)];
+          if (e >= k) {
+            EXPECT_EQ(pos, -1) << name << " token " << t << " entry " << e;
+            continue;
+          }
+          EXPECT_TRUE(pos >= 0 && pos < n_keys) << name << " token " << t << " entry " << e << ": " << pos;
+          chosen.insert(pos);
+        }
+        EXPECT_EQ(int(chosen.size()), k) << name << " token " << t << ": repeated positions";
+        sets.push_back(std::move(chosen));
+      }
+      for (int32_t pos : sets[0]) {
+        if (sets[1].count(pos)) continue;
+        ++differing;
+        EXPECT_LE(std::abs(score[size_t(pos)] - threshold), near) << name << " token " << t << " CPU-only " << pos;
+      }
+      for (int32_t pos : sets[1]) {
+        if (sets[0].count(pos)) continue;
+        EXPECT_LE(std::abs(score[size_t(pos)] - threshold), near) << name << " token " << t << " CUDA-only " << pos;
+      }
+      if (all_equal) {
+        for (int32_t pos : sets[1]) EXPECT_LT(pos, k) << name << ": ties go to the lowest positions";
+      }
+    }
+    pre_at += seqs[seq].context;
+    now_at += seqs[seq].new_tokens;
+  }
+  std::printf("  %-58s %lld keys differ at the threshold\n", ("dsa_select " + name).c_str(), (long long)differing);
+}
+
+TEST_F(BackendParity, DsaSelectAboveAndBelowTopK) {
+  dsa_case(*this, {{0, 1}}, 32, 128, 2048, 64, false, "one token: every key");
+  dsa_case(*this, {{4095, 1}, {1000, 1}, {10, 1}}, 32, 128, 2048, 64, false, "GLM-5 decode: 4k, 1k, 11 keys");
+  dsa_case(*this, {{32767, 1}}, 32, 128, 2048, 64, false, "decode at 32k");
+  dsa_case(*this, {{60, 80}}, 8, 32, 16, 16, false, "prefill, top 16 of up to 140 keys");
+  dsa_case(*this, {{3000, 1}}, 4, 64, 100, 16, true, "3,001 equal keys: the first 100");
+  dsa_case(*this, {{20, 3}, {0, 2}}, 8, 32, 4, 7, false, "tiny fixture shape, block size 7");
+}
+
+TEST_F(BackendParity, HeadLinearBothDirections) {
+  // kv_b_proj's per-head halves as MLA absorbs them: W_UK^T q_nope into the latent space,
+  // W_UV o_latent out of it. Dense BF16 runs one batched GEMM; other formats the general kernel.
+  struct Case { WeightFormat f; int64_t t, heads, stride, row0, n_rows, k; bool transposed; const char* name; };
+  const Case cases[] = {
+      {WeightFormat::Dense, 1, 8, 448, 0, 192, 512, true, "GLM-5 W_UK^T, decode"},
+      {WeightFormat::Dense, 7, 8, 448, 192, 256, 512, false, "GLM-5 W_UV, 7 tokens"},
+      {WeightFormat::Dense, 300, 4, 448, 0, 192, 512, true, "GLM-5 W_UK^T, prefill"},
+      {WeightFormat::Dense, 300, 4, 448, 192, 256, 512, false, "GLM-5 W_UV, prefill"},
+      {WeightFormat::Dense, 5, 4, 32, 0, 16, 32, true, "tiny W_UK^T"},
+      {WeightFormat::Dense, 5, 4, 32, 16, 16, 32, false, "tiny W_UV"},
+      {WeightFormat::Nvfp4, 3, 4, 48, 16, 32, 64, true, "nvfp4 transposed"},
+      {WeightFormat::Nvfp4, 3, 4, 48, 16, 32, 64, false, "nvfp4 plain"},
+  };
+  for (const Case& c : cases) {
+    HostLinear h = host_linear(c.f, DType::BF16, c.heads * c.stride, c.k, false);
+    const int64_t x_width = c.transposed ? c.n_rows : c.k, out_width = c.transposed ? c.k : c.n_rows;
+    const auto x = randn(c.t * c.heads * x_width);
+    std::vector<float> got, want;
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      const LinearWeight w = s->b->upload(h.view);
+      const TensorView o = s->out_act({c.t, c.heads, out_width});
+      s->b->head_linear(s->ctx, s->act(x, {c.t, c.heads, x_width}), w, c.stride, c.row0, c.n_rows, c.transposed, o);
+      (s == cpu.get() ? want : got) = s->read(o);
+    }
+    report(std::string("head_linear ") + c.name + " T=" + std::to_string(c.t), nmse(got, want), kBf16Out);
+  }
 }
 
 TEST_F(BackendParity, RouteSoftmaxAndGroupedSigmoid) {
