@@ -31,7 +31,7 @@ int64_t expert_bytes(ops::WeightFormat format, int64_t hidden, int64_t inter) {
 
 WeightLoader::WeightLoader(const Checkpoint* checkpoint, const std::filesystem::path& dir,
                            ops::Backend& backend, const LoadOptions& options)
-    : checkpoint_(checkpoint), dir_(dir), quant_(load_quant_config(dir)), backend_(backend),
+    : checkpoint_(checkpoint), dir_(dir), quant_(load_quant_config(dir, options.hf_overrides)), backend_(backend),
       options_(options) {}
 
 void WeightLoader::count(const TensorView& t) {
