@@ -163,6 +163,10 @@ std::unique_ptr<ops::MoeExperts> WeightLoader::experts(const std::string& prefix
   if (dummy()) {
     const ops::WeightFormat format = format_of(prefix + "0." + gate);
     TETRA_CHECK(format != ops::WeightFormat::Fp8, prefix, ": --load-format dummy does not draw FP8 experts");
+    // As linear() checks: NVFP4 scales cover 16 values of a row, and an expert's rows are
+    // `hidden` (gate, up) and `inter` (down) wide.
+    TETRA_CHECK(format != ops::WeightFormat::Nvfp4 || (hidden % 16 == 0 && inter % 16 == 0), prefix,
+                ": NVFP4 experts need widths that are multiples of 16, not hidden ", hidden, " and intermediate ", inter);
     TETRA_CHECK(format_of(prefix + "0." + down) == format, prefix, ": --load-format dummy draws experts whose ",
                 "matrices share one format; the quantization config gives their down projections another");
     // A shared expert of another width than the routed ones is drawn as a plain MLP by the caller.
