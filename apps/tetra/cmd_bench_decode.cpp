@@ -20,6 +20,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "device_options.h"
+#include "model_summary.h"
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
@@ -141,7 +142,7 @@ std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
 int cmd_bench_decode(int argc, char** argv) {
   CLI::App app{"Decode steps of the serving engine in-process: step time, its byte floor, and where the time goes.",
                "tetra bench decode"};
-  std::string model_dir, batches = "1,16,64,256", json_path;
+  std::string model_dir, batches = "1,16,64,256", json_path, hf_overrides;
   DeviceFlags dev;
   int64_t context = 1024;
   int steps = 50, profile_steps = 5;
@@ -152,6 +153,7 @@ int cmd_bench_decode(int argc, char** argv) {
   app.add_option("--model", model_dir, "model folder (config.json; safetensors unless --load-format dummy)")
       ->required();
   add_device_flags(app, dev);
+  add_hf_overrides_flag(app, hf_overrides);
   app.add_option("--batch", batches, "comma-separated batch sizes (sequences decoding together)")
       ->capture_default_str();
   app.add_option("--context", context, "prompt tokens of every sequence")
@@ -181,8 +183,10 @@ int cmd_bench_decode(int argc, char** argv) {
     std::fprintf(stderr, "tetra bench decode: backend %s\n", prof->name().c_str());
     model::LoadOptions options;
     options.dummy = dev.load_format == "dummy";
+    options.hf_overrides = hf_overrides;
     auto model = model::load_model(model_dir, *prof, options);
     const ModelConfig& mc = model->config();
+    std::fprintf(stderr, "tetra bench decode: %s\n", describe_architecture(mc).c_str());
     TETRA_CHECK(context + 2 + steps + profile_steps <= mc.max_position_embeddings, "--context ", context, " plus ",
                 2 + steps + profile_steps, " decode steps is more than the model's context of ",
                 mc.max_position_embeddings, " tokens");

@@ -33,10 +33,12 @@ std::string read_text(const std::filesystem::path& path) {
   return ss.str();
 }
 
-std::unique_ptr<model::Model> load(const std::filesystem::path& dir, ops::Backend& backend) {
+std::unique_ptr<model::Model> load(const std::filesystem::path& dir, ops::Backend& backend,
+                                   const std::string& hf_overrides) {
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
   Progress progress("loading " + dir.filename().string());
   model::LoadOptions options;
+  options.hf_overrides = hf_overrides;
   options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
   auto m = model::load_model(dir, backend, options);
   progress.finish(m->load_stats().tensors, m->load_stats().bytes);
@@ -49,7 +51,7 @@ int cmd_eval(int argc, char** argv) {
   CLI::App app{"Perplexity of a model over a text; with --ref, KL divergence and top-1 "
                "agreement against a reference model.", "tetra eval"};
   app.option_defaults()->always_capture_default();
-  std::string model_dir, text_file, ref_dir, ids_file;
+  std::string model_dir, text_file, ref_dir, ids_file, hf_overrides;
   int64_t window = 512;
   DeviceFlags dev;
   bool json = false;
@@ -60,6 +62,9 @@ int cmd_eval(int argc, char** argv) {
   app.add_option("--ref", ref_dir, "reference model folder (e.g. the BF16 original)");
   app.add_option("--window", window, "tokens per evaluation window")->check(CLI::Range(2, 1 << 20));
   add_device_flags(app, dev, false);
+  add_hf_overrides_flag(app, hf_overrides)->description(
+      "a JSON object merged into the config.json of --model and of --ref before it is read, e.g. "
+      "'{\"num_hidden_layers\": 6}' (nested objects merge key by key)");
   app.add_flag("--json", json, "print one JSON object on stdout");
   try {
     app.parse(argc, argv);
@@ -72,7 +77,7 @@ int cmd_eval(int argc, char** argv) {
   // A window is one forward over consecutive tokens: it cannot pass either model's context.
   for (const std::string& d : {model_dir, ref_dir}) {
     if (d.empty()) continue;
-    const int64_t context = load_model_config(d).max_position_embeddings;
+    const int64_t context = load_model_config(d, hf_overrides).max_position_embeddings;
     TETRA_CHECK(window <= context, "--window ", window, " is more than the context of ", context,
                 " tokens of ", d, " (max_position_embeddings in config.json)");
   }
@@ -96,9 +101,9 @@ int cmd_eval(int argc, char** argv) {
   }
 
   auto backend = ops::make_backend(backend_options(dev));
-  auto model = load(dir, *backend);
+  auto model = load(dir, *backend, hf_overrides);
   std::unique_ptr<model::Model> ref;
-  if (!ref_dir.empty()) ref = load(ref_dir, *backend);
+  if (!ref_dir.empty()) ref = load(ref_dir, *backend, hf_overrides);
 
   runtime::EvalOptions opt;
   opt.window = window;

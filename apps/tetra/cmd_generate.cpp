@@ -52,7 +52,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 int cmd_generate(int argc, char** argv) {
   CLI::App app{"Generate tokens from a prompt.", "tetra generate"};
   app.option_defaults()->always_capture_default();
-  std::string model_dir, prompt, prompt_ids;
+  std::string model_dir, prompt, prompt_ids, hf_overrides;
   DeviceFlags dev;
   int max_new_tokens = 16;
   float temperature = 0.0f, top_p = 1.0f;
@@ -69,6 +69,7 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--top-k", top_k, "0 = all tokens")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", seed, "sampling seed");
   add_device_flags(app, dev);
+  add_hf_overrides_flag(app, hf_overrides);
   app.add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
   app.add_flag("--json", json, "print one JSON object on stdout");
   try {
@@ -80,7 +81,7 @@ int cmd_generate(int argc, char** argv) {
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
 
-  const ModelConfig file_config = load_model_config(dir);
+  const ModelConfig file_config = load_model_config(dir, hf_overrides);
 #ifdef TETRA_HAVE_TOKENIZER
   std::optional<tok::Tokenizer> tokenizer;
   if (tok::has_tokenizer(dir)) {
@@ -110,6 +111,7 @@ int cmd_generate(int argc, char** argv) {
   model::LoadOptions options;
   options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
   options.dummy = dev.load_format == "dummy";
+  options.hf_overrides = hf_overrides;
   auto model = model::load_model(dir, *backend, options);
   const auto stats = model->load_stats();
   progress.finish(stats.tensors, stats.bytes);

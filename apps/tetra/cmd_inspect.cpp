@@ -8,6 +8,7 @@
 #include <string>
 
 #include "commands.h"
+#include "device_options.h"
 #include "core/error.h"
 #include "formats/model_config.h"
 #include "formats/safetensors.h"
@@ -19,9 +20,10 @@ namespace tetra::cli {
 int cmd_inspect(int argc, char** argv) {
   CLI::App app{"Describe a model folder: architecture, sizes, tensors.", "tetra inspect"};
   app.option_defaults()->always_capture_default();
-  std::string model_dir;
+  std::string model_dir, hf_overrides;
   bool json = false;
   app.add_option("--model", model_dir, "model folder (config.json, optional safetensors)")->required();
+  add_hf_overrides_flag(app, hf_overrides);
   app.add_flag("--json", json, "print one JSON object on stdout");
   try {
     app.parse(argc, argv);
@@ -30,7 +32,7 @@ int cmd_inspect(int argc, char** argv) {
   }
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
-  const ModelConfig c = load_model_config(dir);
+  const ModelConfig c = load_model_config(dir, hf_overrides);
   const ModelSizes sizes = model_sizes(c, 2);
 
   nlohmann::json out = {
@@ -50,6 +52,7 @@ int cmd_inspect(int argc, char** argv) {
       {"params_active", sizes.params_active},
       {"kv_bytes_per_token_bf16", sizes.kv_bytes_per_token},
   };
+  if (!c.hf_overrides.empty()) out["hf_overrides"] = nlohmann::json::parse(c.hf_overrides);
   const bool has_weights = std::filesystem::exists(dir / "model.safetensors") ||
                            std::filesystem::exists(dir / "model.safetensors.index.json");
   if (has_weights) {

@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "device_options.h"
+#include "model_summary.h"
 #include "progress.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -111,7 +112,7 @@ void raise_fd_limit() {
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"Serve a model over an OpenAI-compatible HTTP API.", "tetra serve"};
   app.option_defaults()->always_capture_default();
-  std::string model_dir, host = "127.0.0.1", kv_memory, generation_config = "auto";
+  std::string model_dir, host = "127.0.0.1", kv_memory, generation_config = "auto", hf_overrides;
   std::vector<std::string> served_names, api_keys;
   std::string allowed_origins, allowed_methods = "*", allowed_headers = "*";
   bool allow_credentials = false, disable_log_requests = false, disable_log_stats = false;
@@ -126,6 +127,7 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--host", host, "address to listen on");
   app.add_option("--port", port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535));
   add_device_flags(app, dev);
+  add_hf_overrides_flag(app, hf_overrides);
   app.add_option("--max-running-requests", engine_config.max_running_requests, "requests in the running batch")
       ->check(CLI::Range(1, 65536));
   app.add_option("--max-queued-requests", engine_config.max_queued_requests,
@@ -203,7 +205,7 @@ int cmd_serve(int argc, char** argv) {
   if (!kv_memory.empty()) engine_config.kv_memory_bytes = parse_bytes(kv_memory);
   engine_config.max_context = context_length;
   // Every flag is checked against the model's files before the server listens.
-  const ModelConfig file_config = load_model_config(dir);
+  const ModelConfig file_config = load_model_config(dir, hf_overrides);
   TETRA_CHECK(context_length <= file_config.max_position_embeddings, "--context-length ", context_length,
               " is more than the model's context of ", file_config.max_position_embeddings,
               " tokens (max_position_embeddings in config.json)");
@@ -269,9 +271,11 @@ int cmd_serve(int argc, char** argv) {
   model::LoadOptions load_options;
   load_options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
   load_options.dummy = dev.load_format == "dummy";
+  load_options.hf_overrides = hf_overrides;
   auto model = model::load_model(dir, *backend, load_options);
   progress.finish(model->load_stats().tensors, model->load_stats().bytes);
   const ModelConfig& mc = model->config();
+  std::fprintf(stderr, "tetra serve: %s\n", describe_architecture(mc).c_str());
   runtime::Engine engine(*model, *backend, engine_config);
   std::thread engine_thread([&engine] {
     try {

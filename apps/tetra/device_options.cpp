@@ -16,6 +16,12 @@ void add_device_flags(CLI::App& app, DeviceFlags& flags, bool load_format) {
   app.add_option("--threads", flags.threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 4096));
 }
 
+CLI::Option* add_hf_overrides_flag(CLI::App& app, std::string& overrides) {
+  return app.add_option("--hf-overrides,--json-model-override-args", overrides,
+                 "a JSON object merged into config.json before it is read, e.g. '{\"num_hidden_layers\": 6}' "
+                 "(nested objects merge key by key; fewer layers load only the layers left)");
+}
+
 std::string moe_tune_cache_path() {
   if (const char* p = std::getenv("TETRA_MOE_TUNE_CACHE")) return p;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/tetra/moe_tune.json";

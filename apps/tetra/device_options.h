@@ -1,4 +1,4 @@
-// The device flags every command that runs a model shares (--device, --load-format) and
+// The flags every command that loads a model shares (--device, --load-format, --hf-overrides) and
 // what the environment says about the backend (the MoE tuning cache). Commands read the
 // environment here; ops never do.
 #pragma once
@@ -9,6 +9,7 @@
 
 namespace CLI {
 class App;
+class Option;
 }
 
 namespace tetra::cli {
@@ -21,6 +22,11 @@ struct DeviceFlags {
 
 // Adds --device and --threads (and --load-format) to a command.
 void add_device_flags(CLI::App& app, DeviceFlags& flags, bool load_format = true);
+
+// Adds --hf-overrides (SGLang's --json-model-override-args): a JSON object merged into
+// config.json wherever the command reads it (formats/config_overrides.h). The text is checked
+// where the config is read, so a bad value is one sentence naming the flag.
+CLI::Option* add_hf_overrides_flag(CLI::App& app, std::string& overrides);
 
 // The backend the flags ask for (cuda on a machine without a GPU is one sentence, thrown).
 ops::BackendOptions backend_options(const DeviceFlags& flags);

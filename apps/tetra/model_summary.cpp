@@ -28,7 +28,8 @@ std::string describe_architecture(const ModelConfig& c) {
                  c.moe_intermediate_size, ", top-", c.n_experts_per_tok,
                  c.n_shared_experts ? str_cat(" + ", c.n_shared_experts, " shared") : "", " (",
                  router, "); vocab ", c.vocab_size,
-                 c.n_mtp_layers ? str_cat("; ", c.n_mtp_layers, " MTP layer(s)") : "");
+                 c.n_mtp_layers ? str_cat("; ", c.n_mtp_layers, " MTP layer(s)") : "",
+                 c.hf_overrides.empty() ? "" : str_cat("; --hf-overrides ", c.hf_overrides));
 }
 
 }  // namespace tetra::cli

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "formats/config_overrides.h"
 #include "formats/generation_config.h"
 #include "formats/json_fields.h"
 
@@ -547,7 +548,7 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   return c;
 }
 
-ModelConfig load_model_config(const std::filesystem::path& dir) {
+ModelConfig load_model_config(const std::filesystem::path& dir, const std::string& hf_overrides) {
   std::error_code ec;
   if (!std::filesystem::exists(dir, ec)) fail("model folder ", dir.string(), " does not exist.");
   if (!std::filesystem::is_directory(dir, ec))
@@ -555,7 +556,16 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
   std::filesystem::path path = dir / "config.json";
   if (!std::filesystem::is_regular_file(path, ec))
     fail("model folder ", dir.string(), " has no config.json.");
-  ModelConfig c = parse_model_config(read_json_file(path, "model config"), path.string());
+  const json overrides = parse_config_overrides(hf_overrides);
+  json file = read_json_file(path, "model config");
+  std::string source = path.string();
+  if (!overrides.empty()) {
+    if (!file.is_object()) fail(source, ": the config must be a JSON object, not ", json_kind(file), ".");
+    apply_config_overrides(file, overrides);
+    source += " with --hf-overrides";
+  }
+  ModelConfig c = parse_model_config(file, source);
+  if (!overrides.empty()) c.hf_overrides = overrides.dump();
   // Generation stops at generation_config.json's EOS ids too, as transformers and vLLM stop:
   // Qwen3 lists <|im_end|> and <|endoftext|> there, config.json only one of them.
   if (auto g = load_generation_config(dir, c.vocab_size))

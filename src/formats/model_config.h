@@ -100,6 +100,8 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;
   int64_t bos_token_id = -1;
 
+  std::string hf_overrides;  // the --hf-overrides merged into config.json, compact JSON; empty: none
+
   bool is_mla() const { return kv_lora_rank > 0; }
   // Field by field; two spellings of one config.json parse to equal configs.
   bool operator==(const ModelConfig&) const = default;
@@ -111,8 +113,9 @@ const std::vector<std::string>& supported_model_types();
 
 // Parses and validates; `source` names the file in error messages.
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
-// Reads DIR/config.json.
-ModelConfig load_model_config(const std::filesystem::path& dir);
+// Reads DIR/config.json, with `hf_overrides` (a JSON object's text, formats/config_overrides.h)
+// merged into it first; a config the overrides make invalid is refused naming the flag.
+ModelConfig load_model_config(const std::filesystem::path& dir, const std::string& hf_overrides = {});
 
 // Sizes for `tetra inspect`.
 struct ModelSizes {

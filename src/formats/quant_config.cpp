@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "formats/config_overrides.h"
 
 namespace tetra {
 namespace {
@@ -264,14 +265,18 @@ QuantConfig parse_quant_config(const json& j, const std::string& source) {
   return cfg;
 }
 
-std::optional<QuantConfig> load_quant_config(const std::filesystem::path& dir) {
+std::optional<QuantConfig> load_quant_config(const std::filesystem::path& dir, const std::string& hf_overrides) {
   const auto config_path = dir / "config.json";
   const auto hf_path = dir / "hf_quant_config.json";
   if (std::filesystem::exists(config_path)) {
-    const json cfg = read_json_file(config_path);
+    json cfg = read_json_file(config_path);
+    const json overrides = parse_config_overrides(hf_overrides);
+    if (cfg.is_object() && !overrides.empty()) apply_config_overrides(cfg, overrides);
     if (cfg.is_object() && cfg.contains("quantization_config") &&
         !cfg["quantization_config"].is_null()) {
-      const std::string src = config_path.string() + " quantization_config";
+      const std::string src = config_path.string() + (overrides.contains("quantization_config")
+                                                          ? " quantization_config with --hf-overrides"
+                                                          : " quantization_config");
       QuantConfig q = parse_quant_config(cfg["quantization_config"], src);
       if (!(q.mixed && q.layers.empty() && std::filesystem::exists(hf_path))) {
         TETRA_CHECK(!q.mixed || !q.layers.empty(), src,

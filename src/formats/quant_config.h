@@ -68,8 +68,9 @@ QuantConfig parse_quant_config(const nlohmann::json& j, const std::string& sourc
 // The quantization config of a model folder: config.json's quantization_config when it is a
 // ModelOpt one (as vLLM prefers it), else hf_quant_config.json; a MIXED_PRECISION
 // quantization_config without its quantized_layers falls back to hf_quant_config.json.
-// nullopt when the folder declares no quantization (a BF16 checkpoint).
-std::optional<QuantConfig> load_quant_config(const std::filesystem::path& dir);
+// nullopt when the folder declares no quantization (a BF16 checkpoint). `hf_overrides` are
+// merged into config.json first, as the model config reads it (formats/config_overrides.h).
+std::optional<QuantConfig> load_quant_config(const std::filesystem::path& dir, const std::string& hf_overrides = {});
 
 // Python's fnmatch.fnmatchcase: `*`, `?`, `[seq]`, `[!seq]`; everything else literal.
 bool fnmatch(std::string_view name, std::string_view pattern);

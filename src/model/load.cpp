@@ -1,6 +1,9 @@
 // load_model: reads the config, opens the checkpoint (or not, for dummy weights), checks that
 // the weights fit the device, and hands both to the family's loader.
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <string>
 
 #include "formats/quant_config.h"
 #include "formats/safetensors.h"
@@ -15,11 +18,11 @@ namespace {
 
 // What dummy weights will take on the device: dense weights in BF16, routed and shared experts
 // NVFP4 where the quant config says so.
-int64_t dummy_weight_bytes(const std::filesystem::path& dir, const ModelConfig& c) {
+int64_t dummy_weight_bytes(const std::filesystem::path& dir, const ModelConfig& c, const LoadOptions& options) {
   int64_t moe_layers = 0;
   for (bool moe : c.layer_is_moe) moe_layers += moe ? 1 : 0;
   const int64_t experts = moe_layers * (c.n_routed_experts + c.n_shared_experts);
-  const auto quant = load_quant_config(dir);
+  const auto quant = load_quant_config(dir, options.hf_overrides);
   const bool nvfp4 =
       quant && is_nvfp4(quant->module_quant("model.layers.0.mlp.experts.0.gate_proj").algo);
   const ops::WeightFormat format = nvfp4 ? ops::WeightFormat::Nvfp4 : ops::WeightFormat::Dense;
@@ -28,16 +31,41 @@ int64_t dummy_weight_bytes(const std::filesystem::path& dir, const ModelConfig& 
   return rest * 2 + experts * expert_bytes(format, c.hidden_size, c.moe_intermediate_size);
 }
 
+// The layer index of a "model.layers.<i>." tensor; -1 for the others.
+int64_t layer_of(const std::string& name) {
+  const std::string prefix = "model.layers.";
+  if (!name.starts_with(prefix)) return -1;
+  int64_t index = 0;
+  size_t i = prefix.size();
+  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i)
+    index = std::min<int64_t>(index * 10 + (name[i] - '0'), int64_t{1} << 40);  // no overflow
+  return i > prefix.size() && i < name.size() && name[i] == '.' ? index : -1;
+}
+
+// What the checkpoint's weights will take on the device: every tensor but those of the layers
+// at or past num_hidden_layers (the MTP layers, which generation skips, and the layers
+// --hf-overrides cut off), which are never read.
+int64_t checkpoint_weight_bytes(const Checkpoint& checkpoint, const ModelConfig& c) {
+  int64_t bytes = 0;
+  for (const std::string& name : checkpoint.names()) {
+    if (layer_of(name) >= c.n_layers) continue;
+    const TensorInfo* info = checkpoint.find(name);
+    bytes += int64_t(info->end - info->begin);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir, ops::Backend& backend,
                                   const LoadOptions& options) {
-  ModelConfig config = load_model_config(dir);
+  ModelConfig config = load_model_config(dir, options.hf_overrides);
   std::unique_ptr<Checkpoint> checkpoint;
   if (!options.dummy) checkpoint = Checkpoint::open(dir);
   const ops::MemoryInfo mem = backend.memory_info();
   if (mem.free_bytes > 0) {
-    const int64_t need = options.dummy ? dummy_weight_bytes(dir, config) : int64_t(checkpoint->total_bytes());
+    const int64_t need =
+        options.dummy ? dummy_weight_bytes(dir, config, options) : checkpoint_weight_bytes(*checkpoint, config);
     auto gib = [](int64_t b) { return std::round(double(b) / (1 << 30) * 10) / 10; };
     TETRA_CHECK(need < mem.free_bytes, dir.string(), ": the weights need ", gib(need), " GiB but ",
                 backend.name(), " has ", gib(mem.free_bytes), " GiB free of ", gib(mem.total_bytes),

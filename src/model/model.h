@@ -41,6 +41,9 @@ struct LoadOptions {
   // --load-format dummy: random weights from config.json alone (no safetensors read), in the
   // formats its quantization_config gives each module.
   bool dummy = false;
+  // --hf-overrides: a JSON object's text merged into config.json before it is read
+  // (formats/config_overrides.h); with fewer num_hidden_layers, only the layers left are loaded.
+  std::string hf_overrides;
 };
 
 class Model {

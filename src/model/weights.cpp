@@ -31,7 +31,7 @@ int64_t expert_bytes(ops::WeightFormat format, int64_t hidden, int64_t inter) {
 
 WeightLoader::WeightLoader(const Checkpoint* checkpoint, const std::filesystem::path& dir,
                            ops::Backend& backend, const LoadOptions& options)
-    : checkpoint_(checkpoint), dir_(dir), quant_(load_quant_config(dir)), backend_(backend),
+    : checkpoint_(checkpoint), dir_(dir), quant_(load_quant_config(dir, options.hf_overrides)), backend_(backend),
       options_(options) {}
 
 void WeightLoader::count(const TensorView& t) {
@@ -163,6 +163,10 @@ std::unique_ptr<ops::MoeExperts> WeightLoader::experts(const std::string& prefix
   if (dummy()) {
     const ops::WeightFormat format = format_of(prefix + "0." + gate);
     TETRA_CHECK(format != ops::WeightFormat::Fp8, prefix, ": --load-format dummy does not draw FP8 experts");
+    // As linear() checks: NVFP4 scales cover 16 values of a row, and an expert's rows are
+    // `hidden` (gate, up) and `inter` (down) wide.
+    TETRA_CHECK(format != ops::WeightFormat::Nvfp4 || (hidden % 16 == 0 && inter % 16 == 0), prefix,
+                ": NVFP4 experts need widths that are multiples of 16, not hidden ", hidden, " and intermediate ", inter);
     TETRA_CHECK(format_of(prefix + "0." + down) == format, prefix, ": --load-format dummy draws experts whose ",
                 "matrices share one format; the quantization config gives their down projections another");
     // A shared expert of another width than the routed ones is drawn as a plain MLP by the caller.

@@ -300,5 +300,124 @@ TEST(Cli, MtpLayerIsLoadedAndSkipped) {
   EXPECT_EQ(info["weights"]["mtp_tensors"], 4);
 }
 
+// --hf-overrides: GLM-5's published config read with 4 layers; dummy weights drawn for the
+// layers left; a real checkpoint loading only the layers left, generating exactly what a
+// checkpoint cut to those layers generates; and a bad value refused like any bad flag.
+TEST(Cli, HfOverridesShortenGlm5) {
+  const std::string glm5 = (fs::path(TETRA_SOURCE_DIR) / "tests/fixtures/glm5-config").string();
+  const auto full = run_cli("inspect --json --model " + glm5);
+  const auto four = run_cli("inspect --json --model " + glm5 + R"( --hf-overrides '{"num_hidden_layers": 4}')");
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  const auto info = nlohmann::json::parse(four.out);
+  EXPECT_EQ(nlohmann::json::parse(full.out)["layers"], 78);
+  EXPECT_EQ(info["layers"], 4);
+  EXPECT_EQ(info["dense_layers"], 3);
+  EXPECT_EQ(info["hf_overrides"], (nlohmann::json{{"num_hidden_layers", 4}}));
+  // The text form describes the model as run, overrides included; SGLang's name works too.
+  const auto text = run_cli("inspect --model " + glm5 + R"( --json-model-override-args '{"num_hidden_layers": 4}')");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("glm_moe_dsa: 4 layers (3 dense)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find(R"(--hf-overrides {"num_hidden_layers":4})"), std::string::npos) << text.out;
+}
+
+TEST(Cli, HfOverridesWithDummyWeights) {
+  const std::string dsa = (fs::path(TETRA_SOURCE_DIR) / "tests/fixtures/glm_moe_dsa-tiny").string();
+  const auto r = run_cli("generate --model " + dsa + " --load-format dummy --prompt-ids 1,2,3 --max-new-tokens 3 " +
+                         R"(--json --hf-overrides '{"num_hidden_layers": 2}')");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].size(), 3u);
+  EXPECT_NE(r.err.find("glm_moe_dsa: 2 layers (1 dense)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(R"(--hf-overrides {"num_hidden_layers":2})"), std::string::npos) << r.err;
+}
+
+TEST(Cli, HfOverridesLoadOnlyTheLayersLeft) {
+  for (const char* fixture : {"deepseek_v3-tiny", "deepseek_v3-tiny-nvfp4"}) {
+    SCOPED_TRACE(fixture);
+    const fs::path src_dir = fs::path(TETRA_SOURCE_DIR) / "tests/fixtures" / fixture;
+    // The same checkpoint cut to its first 2 layers by hand: config and tensors.
+    const fs::path cut = fs::temp_directory_path() / ("tetra_cli_cut_" + std::to_string(::getpid()));
+    fs::remove_all(cut);
+    fs::create_directories(cut);
+    for (const auto& e : fs::directory_iterator(src_dir))
+      if (e.path().filename() != "model.safetensors") fs::copy_file(e.path(), cut / e.path().filename());
+    {
+      std::ifstream in(src_dir / "config.json");
+      auto cfg = nlohmann::json::parse(in);
+      ASSERT_EQ(cfg["num_hidden_layers"], 3);
+      cfg["num_hidden_layers"] = 2;
+      std::ofstream(cut / "config.json") << cfg.dump();
+    }
+    auto src = Checkpoint::open(src_dir);
+    std::vector<TensorDecl> decls;
+    for (const auto& name : src->names()) {
+      if (name.starts_with("model.layers.2.")) continue;
+      TensorView v = src->get(name);
+      decls.push_back({name, v.dtype, v.shape});
+    }
+    ASSERT_LT(decls.size(), src->names().size());
+    {
+      SafetensorsWriter w(cut / "model.safetensors", decls);
+      for (const auto& d : decls) {
+        TensorView v = src->get(d.name);
+        w.write(d.name, v.data, uint64_t(v.nbytes()));
+      }
+      w.finish();
+    }
+    const std::string args = " --prompt-ids 3,1,4,1,5,9,2,6 --max-new-tokens 6 --ignore-eos --json";
+    const auto overridden =
+        run_cli("generate --model " + src_dir.string() + args + R"( --hf-overrides '{"num_hidden_layers": 2}')");
+    const auto by_hand = run_cli("generate --model " + cut.string() + args);
+    const auto whole = run_cli("generate --model " + src_dir.string() + args);
+    fs::remove_all(cut);
+    ASSERT_EQ(overridden.exit_code, 0) << overridden.err;
+    ASSERT_EQ(by_hand.exit_code, 0) << by_hand.err;
+    const auto got = nlohmann::json::parse(overridden.out), want = nlohmann::json::parse(by_hand.out);
+    EXPECT_EQ(got["token_ids"], want["token_ids"]);
+    EXPECT_EQ(got["logprobs"], want["logprobs"]);
+    EXPECT_EQ(got["fingerprint"], want["fingerprint"]);  // every logit the same
+    EXPECT_NE(got["fingerprint"], nlohmann::json::parse(whole.out)["fingerprint"]);  // the third layer counted
+  }
+}
+
+TEST(Cli, HfOverridesRefusesBadValues) {
+  const std::string gen = "generate --model " + kFixture.string() + " --prompt-ids 1,2 --max-new-tokens 1 ";
+  expect_clear_error(run_cli(gen + "--hf-overrides '{num_hidden_layers: 2}'"), "--hf-overrides is not valid JSON");
+  expect_clear_error(run_cli(gen + "--hf-overrides '[2]'"), "--hf-overrides is an array");
+  expect_clear_error(run_cli(gen + R"(--hf-overrides '{"num_hidden_layers": 0}')"),
+                     "config.json with --hf-overrides: \"num_hidden_layers\" is 0");
+  expect_clear_error(run_cli("inspect --model " + kFixture.string() + R"( --hf-overrides '"six"')"),
+                     "--hf-overrides is a string");
+  // More layers than the checkpoint holds: the missing tensor is named.
+  expect_clear_error(run_cli(gen + R"(--hf-overrides '{"num_hidden_layers": 4}')"), "model.layers.3.");
+  // serve checks it before it listens.
+  expect_clear_error(run_cli("serve --port 0 --model " + kFixture.string() + R"( --hf-overrides '{"vocab_size": 0}')"),
+                     "config.json with --hf-overrides: \"vocab_size\" is 0");
+}
+
+// --hf-overrides reaches the quantization config too: the BF16 fixture given the NVFP4
+// fixture's quantization_config draws exactly the NVFP4 fixture's dummy model (dummy values
+// depend on the tensor's name and format alone).
+TEST(Cli, HfOverridesQuantizationConfigWithDummyWeights) {
+  const fs::path fixtures = fs::path(TETRA_SOURCE_DIR) / "tests/fixtures";
+  std::ifstream in(fixtures / "deepseek_v3-tiny-nvfp4/config.json");
+  const nlohmann::json quant = {{"quantization_config", nlohmann::json::parse(in)["quantization_config"]}};
+  const std::string args = " --load-format dummy --prompt-ids 3,1,4,1,5 --max-new-tokens 4 --ignore-eos --json";
+  const auto overridden = run_cli("generate --model " + (fixtures / "deepseek_v3-tiny").string() + args +
+                                  " --hf-overrides '" + quant.dump() + "'");
+  const auto nvfp4 = run_cli("generate --model " + (fixtures / "deepseek_v3-tiny-nvfp4").string() + args);
+  const auto bf16 = run_cli("generate --model " + (fixtures / "deepseek_v3-tiny").string() + args);
+  ASSERT_EQ(overridden.exit_code, 0) << overridden.err;
+  ASSERT_EQ(nvfp4.exit_code, 0) << nvfp4.err;
+  EXPECT_EQ(nlohmann::json::parse(overridden.out)["fingerprint"], nlohmann::json::parse(nvfp4.out)["fingerprint"]);
+  EXPECT_NE(nlohmann::json::parse(overridden.out)["fingerprint"], nlohmann::json::parse(bf16.out)["fingerprint"]);
+  // Experts too narrow for NVFP4's 16-value scales are one sentence, not a crash.
+  const nlohmann::json narrow = {
+      {"quantization_config", {{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}, {"ignore", {"lm_head", "*self_attn*", "*mlp.gate"}}}},
+      {"moe_intermediate_size", 24}};
+  expect_clear_error(run_cli("generate --model " + (fixtures / "deepseek_v3-tiny").string() + args +
+                             " --hf-overrides '" + narrow.dump() + "'"),
+                     "NVFP4 experts need widths that are multiples of 16");
+}
+
 }  // namespace
 }  // namespace tetra

@@ -1,8 +1,10 @@
 // A ragged batch (sequences of different lengths, prefill and decode mixed) gives every
-// sequence the logits it gets alone.
+// sequence the logits it gets alone, on every attention the families have.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cmath>
+#include <string>
 
 #include "fixtures.h"
 #include "model/model.h"
@@ -24,13 +26,15 @@ std::vector<float> run(model::Model& m, ops::Backend& b, runtime::KvCache& cache
   return host;
 }
 
-TEST(Batching, RaggedBatchEqualsSequencesAlone) {
-  const auto dir = testing::fixtures_dir() / "qwen3_moe-tiny";
+class Batching : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Batching, RaggedBatchEqualsSequencesAlone) {
+  const auto dir = testing::fixtures_dir() / GetParam();
   ASSERT_TRUE(std::filesystem::exists(dir / "config.json")) << dir << " is missing";
   auto backend = ops::make_cpu_backend(2);
   auto model = model::load_model(dir, *backend);
   const int bs = 4;
-  const std::vector<int32_t> a = {5, 17, 42, 99, 3, 8, 21}, b = {7, 1, 250};
+  const std::vector<int32_t> a = {5, 17, 42, 99, 3, 8, 21}, b = {7, 1, 250, 33, 2, 90};
   const std::vector<int32_t> blocks_a = {3, 0}, blocks_b = {1, 2};
 
   // Alone: A's first 5 tokens then its next 2; B whole.
@@ -50,6 +54,20 @@ TEST(Batching, RaggedBatchEqualsSequencesAlone) {
     ASSERT_NEAR(both[vocab + i], want_b[i], 1e-5f) << i;
   }
 }
+
+std::string fixture_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string n = info.param;
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+// GQA, and the MLA families: with and without q_lora, and the DSA indexer (its top-k of 4
+// keys leaves A's first 4 positions dense and the later ones of A and B sparse).
+INSTANTIATE_TEST_SUITE_P(Fixtures, Batching,
+                         ::testing::Values("qwen3_moe-tiny", "deepseek_v3-tiny", "deepseek_v3-noqlora",
+                                           "glm4_moe_lite-tiny", "glm_moe_dsa-tiny"),
+                         fixture_name);
 
 }  // namespace
 }  // namespace tetra

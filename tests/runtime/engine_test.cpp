@@ -19,18 +19,7 @@ using runtime::EngineConfig;
 using runtime::FinishReason;
 using runtime::RequestParams;
 using testing::Collector;
-
-void expect_matches_generate(testing::TinyModel& m, const RequestParams& p,
-                             const testing::Collected& got, const std::string& what) {
-  const auto want = testing::reference(m, p);
-  EXPECT_EQ(got.tokens, want.token_ids) << what;
-  ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
-  for (size_t i = 0; i < want.logprobs.size(); ++i)
-    EXPECT_NEAR(got.logprobs[i], want.logprobs[i], 1e-5) << what << " token " << i;
-  EXPECT_EQ(got.finishes, 1) << what;
-  EXPECT_EQ(got.finish, want.finish_reason == "stop" ? FinishReason::Stop : FinishReason::Length)
-      << what;
-}
+using testing::expect_matches_generate;
 
 // 16 prompts of mixed lengths (1 to 45 tokens) and lengths of output.
 std::vector<RequestParams> mixed_requests(const testing::TinyModel& m, int n, uint32_t seed = 1) {

@@ -1,5 +1,5 @@
-// Shared pieces of the engine tests: the tiny fixture model, prompts, and a collector that
-// gathers every request's streamed outputs.
+// Shared pieces of the engine tests: a tiny fixture model (qwen3_moe-tiny unless another is
+// named), prompts, and a collector that gathers every request's streamed outputs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/model.h"
@@ -21,8 +22,10 @@ inline std::filesystem::path tiny_model_dir() {
 }
 
 struct TinyModel {
+  TinyModel() : TinyModel(tiny_model_dir()) {}
+  explicit TinyModel(const std::filesystem::path& dir) : model(model::load_model(dir, *backend)) {}
   std::unique_ptr<ops::Backend> backend = ops::make_cpu_backend(2);
-  std::unique_ptr<model::Model> model = model::load_model(tiny_model_dir(), *backend);
+  std::unique_ptr<model::Model> model;
   int64_t vocab() const { return model->config().vocab_size; }
 };
 
@@ -90,6 +93,21 @@ inline runtime::GenerateResult reference(TinyModel& m, const runtime::RequestPar
   runtime::GenerateOptions o{.max_new_tokens = p.max_new_tokens, .sampling = p.sampling,
                              .seed = p.seed, .ignore_eos = p.ignore_eos};
   return runtime::generate(*m.model, *m.backend, p.prompt, o);
+}
+
+// A request's outputs against the same request run alone through generate(): the same tokens,
+// log-probs within 1e-5, one finish. (The CPU backend computes each row as it would alone, so
+// today they are bit-identical; a wrong key, position or sequence moves them by tenths.)
+inline void expect_matches_generate(TinyModel& m, const runtime::RequestParams& p, const Collected& got,
+                                    const std::string& what) {
+  const auto want = reference(m, p);
+  EXPECT_EQ(got.tokens, want.token_ids) << what;
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
+  for (size_t i = 0; i < want.logprobs.size(); ++i)
+    EXPECT_NEAR(got.logprobs[i], want.logprobs[i], 1e-5) << what << " token " << i;
+  EXPECT_EQ(got.finishes, 1) << what;
+  EXPECT_EQ(got.finish, want.finish_reason == "stop" ? runtime::FinishReason::Stop : runtime::FinishReason::Length)
+      << what;
 }
 
 inline runtime::RequestParams greedy(std::vector<int32_t> prompt, int64_t max_new,
