@@ -1,13 +1,14 @@
 // MLA attention (absorbed) and the DSA key choice on sm_90a; see attention_mla.h.
 //
-// The tiled MLA kernel: a block owns 16 query rows of one group (a sequence's (token, head)
+// The tiled MLA kernel: a block owns 32 query rows of one group (a sequence's (token, head)
 // rows packed token-major, or one token's heads when the DSA chose its keys) and one key
 // split, and streams 64-key tiles of 576-value cache rows through two shared-memory stages
-// with cp.async. Its 4 warps split the work of a tile without repeating any of it: warp w
-// scores the rows against dims [144w, 144w + 144) of the keys, the four partial score tiles
-// meet in shared memory and every warp adds them in the same order (so all hold the same
-// scores and softmax state), then warp w accumulates output dims [128w, 128w + 128) of P V,
-// V being the first 512 values of the same rows. Splits leave (max, sum, unnormalized
+// with cp.async, two barriers a tile. Its 8 warps are two row groups of 16 rows, and the 4
+// warps of a group split the work of a tile without repeating any of it: warp w scores the
+// rows against dims [144w, 144w + 144) of the keys, the four partial score tiles meet in
+// shared memory and every warp adds them in the same order (so all hold the same scores and
+// softmax state), then warp w accumulates output dims [128w, 128w + 128) of P V, V being the
+// first 512 values of the same rows. Splits leave (max, sum, unnormalized
 // output) in the workspace for combine_kernel, as flash-decoding does.
 //
 // The DSA select: a scores kernel (a thread per key, the token's queries in shared memory)
@@ -59,18 +60,19 @@ struct MlaArgs {
 
 namespace tiled {
 constexpr int kRank = 512, kRope = 64, kWidth = kRank + kRope;
-constexpr int kWarps = 4, kThreads = 32 * kWarps, kRows = 16, kKeys = 64, kStages = 2;
+constexpr int kDimWarps = 4, kRowGroups = 2, kWarps = kDimWarps * kRowGroups, kThreads = 32 * kWarps;
+constexpr int kRows = 16 * kRowGroups, kKeys = 64, kStages = 2, kSlotBuffers = 3;
 constexpr int kStride = kWidth + 8;             // a 16-byte skew: ldmatrix rows in 8 bank groups
 constexpr int kChunks = kWidth / 8;             // 16-byte chunks of a row
-constexpr int kScoreSteps = kWidth / 16 / kWarps;  // 16-dim k-steps of the scores per warp
-constexpr int kOutDims = kRank / kWarps;        // output dims per warp
+constexpr int kScoreSteps = kWidth / 16 / kDimWarps;  // 16-dim k-steps of the scores per warp
+constexpr int kOutDims = kRank / kDimWarps;        // output dims per warp
 constexpr int kQBytes = kRows * kStride * 2;
 constexpr int kTileBytes = kKeys * kStride * 2;
 constexpr int kPartialOffset = kQBytes + kStages * kTileBytes;
-constexpr int kPartialBytes = kWarps * kRows * kKeys * 4;
+constexpr int kPartialBytes = kWarps * 16 * kKeys * 4;
 constexpr int kSlotsOffset = kPartialOffset + kPartialBytes;
-constexpr int kSmemBytes = kSlotsOffset + kStages * kKeys * 4;
-static_assert(kWidth % (16 * kWarps) == 0 && kRank % (16 * kWarps) == 0, "whole k-steps and n-tiles per warp");
+constexpr int kSmemBytes = kSlotsOffset + kSlotBuffers * kKeys * 4;
+static_assert(kWidth % (16 * kDimWarps) == 0 && kRank % (16 * kDimWarps) == 0, "whole k-steps and n-tiles per warp");
 static_assert(kRows * kChunks % kThreads == 0 && kKeys * kChunks % kThreads == 0, "equal copies per thread");
 static_assert(kKeys <= kThreads, "one thread finds each key's slot");
 static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
@@ -125,6 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
   float* partial = reinterpret_cast<float*>(smem + kPartialOffset);
   const auto slots = [&](int s) { return reinterpret_cast<int32_t*>(smem + kSlotsOffset) + s * kKeys; };
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int group = warp / kDimWarps, dim_warp = warp % kDimWarps;  // rows 16 * group ..; dims by dim_warp
   const int H = a.p.n_heads;
 
   Work w;
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
     int tile_last = -1;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = w.row0 + g + 8 * r;
+      const int row = w.row0 + 16 * group + g + 8 * r;
       row_valid[r] = row < w.n_rows;
       row_token[r] = w.token_begin + row / H;
       row_head[r] = row % H;
@@ -175,22 +178,25 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     if (n_tiles > 0) {
-      if (tid < kKeys) slots(0)[tid] = slot_of_key(a, w, w.key_begin + tid);
+      if (tid < kKeys) {
+        slots(0)[tid] = slot_of_key(a, w, w.key_begin + tid);
+        slots(1)[tid] = slot_of_key(a, w, w.key_begin + kKeys + tid);
+      }
       load_q(a, w, q_smem);
-      __syncthreads();  // tile 0's slots
+      __syncthreads();  // the slots of tiles 0 and 1
       copy_tile(a, slots(0), tile_smem(0));
       cp_async_commit();  // Q and tile 0
     }
     for (int it = 0; it < n_tiles; ++it) {
       const int stage = it % kStages, next = it + 1;
-      // The next tile's slots go to the stage tile it - 1 used, free since the barrier that
-      // ended iteration it - 1.
-      if (tid < kKeys) slots(next % kStages)[tid] = slot_of_key(a, w, w.key_begin + next * kKeys + tid);
+      cp_async_wait<0>();
+      // Tile it landed for every thread; every warp is past iteration it - 1, so the other
+      // stage and the partial scores are free, and the slots of tile it + 1 are visible.
       __syncthreads();
-      if (next < n_tiles) copy_tile(a, slots(next % kStages), tile_smem(next % kStages));
+      if (next < n_tiles) copy_tile(a, slots(next % kSlotBuffers), tile_smem(next % kStages));
       cp_async_commit();
-      cp_async_wait<1>();
-      __syncthreads();  // every thread's copies of tile it landed
+      // Tile it + 2's slots take the buffer of tile it - 1 (done with at its mask and copy).
+      if (tid < kKeys) slots((it + 2) % kSlotBuffers)[tid] = slot_of_key(a, w, w.key_begin + (it + 2) * kKeys + tid);
 
       const uint16_t* tile = tile_smem(stage);
       // Partial scores over this warp's dims, for all 64 keys.
@@ -199,11 +205,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
       for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
-      const uint32_t q_addr = smem_addr(q_smem + (lane % 16) * kStride + (lane / 16) * 8);
+      const uint32_t q_addr = smem_addr(q_smem + (16 * group + lane % 16) * kStride + (lane / 16) * 8);
       const uint32_t k_addr = smem_addr(tile + ((lane / 16) * 8 + lane % 8) * kStride + ((lane / 8) % 2) * 8);
 #pragma unroll
       for (int j = 0; j < kScoreSteps; ++j) {
-        const int kk = warp * kScoreSteps + j;
+        const int kk = dim_warp * kScoreSteps + j;
         uint32_t qa[4];
         ldmatrix_x4(qa, q_addr + kk * 32);
 #pragma unroll
@@ -218,10 +224,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
       for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) partial[((warp * (kKeys / 8) + n) * 4 + i) * 32 + lane] = s[n][i];
-      __syncthreads();
+      __syncthreads();  // the partial scores of every warp
       // The whole scores, in the same order in every warp; then the online softmax.
       const int key0 = w.key_begin + it * kKeys;
-      const int32_t* tile_slots = slots(stage);
+      const int32_t* tile_slots = slots(it % kSlotBuffers);
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n)
@@ -229,7 +235,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
         for (int i = 0; i < 4; ++i) {
           float x = 0.0f;
 #pragma unroll
-          for (int v = 0; v < kWarps; ++v) x += partial[((v * (kKeys / 8) + n) * 4 + i) * 32 + lane];
+          for (int v = group * kDimWarps; v < (group + 1) * kDimWarps; ++v)
+            x += partial[((v * (kKeys / 8) + n) * 4 + i) * 32 + lane];
           const int k = 8 * n + 2 * t4 + (i & 1);
           x *= a.scale_log2;
           if (tile_slots[k] < 0 || key0 + k > key_limit[i / 2]) x = -INFINITY;
@@ -260,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
         for (int i = 0; i < 4; ++i) acc[n][i] *= alpha[i / 2];
       // O[:, this warp's dims] += P V; P's accumulators are the A operand as they stand.
       const uint32_t v_addr = smem_addr(tile + (((lane / 8) % 2) * 8 + lane % 8) * kStride + (lane / 16) * 8 +
-                                        warp * kOutDims);
+                                        dim_warp * kOutDims);
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
         const uint32_t pa[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
@@ -274,7 +281,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
           mma_bf16_16x8x16(acc[2 * np + 1], pa, vb[2], vb[3]);
         }
       }
-      __syncthreads();  // the stage, its slots and the partial scores are free again
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) l[r] = quad_sum(l[r]);
@@ -284,21 +290,21 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
       const int64_t out_row = int64_t(row_token[r]) * H + row_head[r];
       if (a.n_splits > 1) {
         const int64_t part = out_row * a.n_splits + w.split;
-        float* dst = a.partial_acc + part * kRank + warp * kOutDims;
+        float* dst = a.partial_acc + part * kRank + dim_warp * kOutDims;
 #pragma unroll
         for (int n = 0; n < kOutDims / 8; ++n)
           *reinterpret_cast<float2*>(dst + 8 * n + 2 * t4) = make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
-        if (warp == 0 && t4 == 0) a.partial_ml[part] = make_float2(m[r], l[r]);
+        if (dim_warp == 0 && t4 == 0) a.partial_ml[part] = make_float2(m[r], l[r]);
       } else {
         const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;  // no key at all: 0
-        uint16_t* dst = a.p.out + out_row * kRank + warp * kOutDims;
+        uint16_t* dst = a.p.out + out_row * kRank + dim_warp * kOutDims;
 #pragma unroll
         for (int n = 0; n < kOutDims / 8; ++n)
           *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t4) =
               pack_bf16x2(acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
       }
     }
-    __syncthreads();  // Q is reloaded for the next row tile
+    __syncthreads();  // Q, the stages and the slots are refilled for the next row tile
   }
 }
 }  // namespace tiled
@@ -531,10 +537,22 @@ __global__ void __launch_bounds__(kSelectThreads) dsa_topk_kernel(const DsaArgs 
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += kSelectThreads) histogram[i] = 0;
     __syncthreads();
+    // Scores bunch in a few top bytes, and every thread adding 1 to the same bin serializes:
+    // a thread counts a run of its keys with one digit and adds the run once.
+    int run_digit = -1, run = 0;
     for (int j = tid; j < n_keys; j += kSelectThreads) {
       const uint32_t k = order_key(scores[j]);
-      if ((k & mask) == prefix) atomicAdd(&histogram[(k >> shift) & 0xff], 1);
+      if ((k & mask) != prefix) continue;
+      const int digit = int((k >> shift) & 0xff);
+      if (digit == run_digit) {
+        ++run;
+        continue;
+      }
+      if (run > 0) atomicAdd(&histogram[run_digit], run);
+      run_digit = digit;
+      run = 1;
     }
+    if (run > 0) atomicAdd(&histogram[run_digit], run);
     __syncthreads();
     if (tid == 0) {
       int remaining = s_remaining, digit = 255;
