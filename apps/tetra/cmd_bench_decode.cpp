@@ -42,7 +42,8 @@ StepTimes summarize(std::vector<double> t) {
 
 // The bytes one decode step of `batch` sequences at `context` tokens must read: every dense
 // weight (the embedding table only for the batch's rows, unless it is also the lm_head), the
-// distinct routed experts the batch touches under uniform routing, and the KV cache.
+// distinct routed experts the batch touches under uniform routing, and the KV cache rows it
+// attends.
 double step_floor_bytes(const model::Model& m, int64_t batch, int64_t context, DType kv_dtype) {
   const ModelConfig& c = m.config();
   const model::LoadStats s = m.load_stats();
@@ -57,8 +58,14 @@ double step_floor_bytes(const model::Model& m, int64_t batch, int64_t context, D
     const double touched = e * (1 - std::pow(1 - k / e, double(batch)));
     experts = double(moe_layers) * touched * double(s.routed_expert_bytes) / (double(moe_layers) * e);
   }
-  const double kv = double(batch) * double(context) * double(runtime::kv_bytes_per_block(m.kv_layout(), 1, kv_dtype));
-  return dense + experts + kv;
+  // The cache: every row of each layer, except that with the DSA (index_topk > 0) a token
+  // reads only the index_topk latents its indexer chose, beside every index key.
+  double kv = 0;
+  const double elem = double(dtype_bits(kv_dtype)) / 8;
+  const double attended = c.index_topk > 0 ? double(std::min<int64_t>(context, c.index_topk)) : double(context);
+  for (const model::KvLayerShape& l : m.kv_layout())
+    kv += (double(l.n_kv_heads) * double(l.k_dim + l.v_dim) * attended + double(l.index_dim) * double(context)) * elem;
+  return dense + experts + double(batch) * kv;
 }
 
 struct Row {
