@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "formats/model_config.h"
 #include "formats/safetensors.h"
+#include "model/weights.h"
 #include "model_summary.h"
 #include "progress.h"
 
@@ -58,16 +59,19 @@ int cmd_inspect(int argc, char** argv) {
   if (has_weights) {
     auto ckpt = Checkpoint::open(dir);
     std::map<std::string, int64_t> by_dtype;
-    int64_t n_tensors = 0, mtp_tensors = 0;
-    const std::string mtp_prefix = "model.layers." + std::to_string(c.n_layers) + ".";
+    int64_t n_tensors = 0, mtp_tensors = 0, unloaded_tensors = 0;
+    // The MTP layer follows the file's last layer, whatever --hf-overrides leaves.
+    const int64_t file_layers = c.hf_overrides.empty() ? c.n_layers : load_model_config(dir).n_layers;
     for (const auto& name : ckpt->names()) {
       const TensorInfo* info = ckpt->find(name);
       by_dtype[std::string(dtype_name(info->dtype))] += int64_t(info->end - info->begin);
       ++n_tensors;
-      if (name.rfind(mtp_prefix, 0) == 0) ++mtp_tensors;
+      const int64_t layer = model::tensor_layer(name);
+      mtp_tensors += layer == file_layers;
+      unloaded_tensors += layer >= c.n_layers;
     }
-    out["weights"] = {{"tensors", n_tensors}, {"bytes", ckpt->total_bytes()},
-                      {"bytes_by_dtype", by_dtype}, {"mtp_tensors", mtp_tensors}};
+    out["weights"] = {{"tensors", n_tensors}, {"bytes", ckpt->total_bytes()}, {"bytes_by_dtype", by_dtype},
+                      {"mtp_tensors", mtp_tensors}, {"unloaded_tensors", unloaded_tensors}};
   }
   if (json) {
     std::printf("%s\n", out.dump().c_str());
@@ -87,6 +91,8 @@ int cmd_inspect(int argc, char** argv) {
                 format_bytes(double(w["bytes"].get<int64_t>())).c_str());
     for (const auto& [dt, bytes] : w["bytes_by_dtype"].items())
       std::printf("; %s %s", dt.c_str(), format_bytes(double(bytes.get<int64_t>())).c_str());
+    if (const int64_t unloaded = w["unloaded_tensors"].get<int64_t>())
+      std::printf("; %lld tensors of layers past num_hidden_layers, never loaded", (long long)unloaded);
     std::printf("\n");
   } else {
     std::printf("weights: none in this folder (config only)\n");

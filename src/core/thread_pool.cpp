@@ -1,6 +1,7 @@
 #include "core/thread_pool.h"
 
 #include <algorithm>
+#include <exception>
 
 namespace tetra {
 
@@ -36,10 +37,19 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     ++generation_;
   }
   wake_.notify_all();
-  fn(0, std::min(n, chunk));  // part 0 on the calling thread
+  std::exception_ptr mine;
+  try {
+    fn(0, std::min(n, chunk));  // part 0 on the calling thread
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  // Every worker is done with `fn` before this returns or throws.
   std::unique_lock lock(mutex_);
   done_.wait(lock, [this] { return pending_ == 0; });
   job_ = nullptr;
+  std::exception_ptr failed = mine ? mine : job_error_;
+  job_error_ = nullptr;
+  if (failed) std::rethrow_exception(failed);
 }
 
 void ThreadPool::worker_loop(int index) {
@@ -56,9 +66,17 @@ void ThreadPool::worker_loop(int index) {
       begin = std::min(job_n_, index * job_chunk_);
       end = std::min(job_n_, begin + job_chunk_);
     }
-    if (begin < end) (*job)(begin, end);
+    std::exception_ptr error;
+    if (begin < end) {
+      try {
+        (*job)(begin, end);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
     {
       std::lock_guard lock(mutex_);
+      if (error && !job_error_) job_error_ = error;
       if (--pending_ == 0) done_.notify_one();
     }
   }

@@ -3,6 +3,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -22,6 +23,8 @@ class ThreadPool {
 
   // Calls fn(begin, end) over disjoint chunks covering [0, n); the calling thread works too.
   // Chunks are contiguous and at least `grain` long, so results do not depend on timing.
+  // An exception thrown by fn on any thread reaches the caller once every chunk has ended
+  // (the calling thread's own first, else the first a worker threw).
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
@@ -32,6 +35,7 @@ class ThreadPool {
   std::condition_variable wake_, done_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0, job_chunk_ = 0;
+  std::exception_ptr job_error_;  // the first a worker threw in this job
   uint64_t generation_ = 0;
   int pending_ = 0;
   bool stop_ = false;

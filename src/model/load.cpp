@@ -1,7 +1,6 @@
 // load_model: reads the config, opens the checkpoint (or not, for dummy weights), checks that
 // the weights fit the device, and hands both to the family's loader.
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <string>
 
@@ -31,24 +30,13 @@ int64_t dummy_weight_bytes(const std::filesystem::path& dir, const ModelConfig& 
   return rest * 2 + experts * expert_bytes(format, c.hidden_size, c.moe_intermediate_size);
 }
 
-// The layer index of a "model.layers.<i>." tensor; -1 for the others.
-int64_t layer_of(const std::string& name) {
-  const std::string prefix = "model.layers.";
-  if (!name.starts_with(prefix)) return -1;
-  int64_t index = 0;
-  size_t i = prefix.size();
-  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i)
-    index = std::min<int64_t>(index * 10 + (name[i] - '0'), int64_t{1} << 40);  // no overflow
-  return i > prefix.size() && i < name.size() && name[i] == '.' ? index : -1;
-}
-
 // What the checkpoint's weights will take on the device: every tensor but those of the layers
 // at or past num_hidden_layers (the MTP layers, which generation skips, and the layers
 // --hf-overrides cut off), which are never read.
 int64_t checkpoint_weight_bytes(const Checkpoint& checkpoint, const ModelConfig& c) {
   int64_t bytes = 0;
   for (const std::string& name : checkpoint.names()) {
-    if (layer_of(name) >= c.n_layers) continue;
+    if (tensor_layer(name) >= c.n_layers) continue;
     const TensorInfo* info = checkpoint.find(name);
     bytes += int64_t(info->end - info->begin);
   }

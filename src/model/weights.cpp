@@ -1,5 +1,8 @@
 #include "model/weights.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "formats/linear_tensors.h"
 
 namespace tetra::model {
@@ -23,6 +26,16 @@ ops::WeightFormat format_of_algo(QuantAlgo algo) {
 }
 
 }  // namespace
+
+int64_t tensor_layer(const std::string& name) {
+  const std::string prefix = "model.layers.";
+  if (!name.starts_with(prefix)) return -1;
+  int64_t index = 0;
+  size_t i = prefix.size();
+  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i)
+    index = std::min<int64_t>(index * 10 + (name[i] - '0'), int64_t{1} << 40);  // no overflow
+  return i > prefix.size() && i < name.size() && name[i] == '.' ? index : -1;
+}
 
 int64_t expert_bytes(ops::WeightFormat format, int64_t hidden, int64_t inter) {
   const int64_t weights = 3 * hidden * inter;

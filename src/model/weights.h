@@ -16,6 +16,10 @@
 
 namespace tetra::model {
 
+// The layer index i of a "model.layers.<i>.<...>" tensor (MTP layers come after the last
+// decoder layer); -1 for every other tensor.
+int64_t tensor_layer(const std::string& name);
+
 // Bytes of one expert's three matrices ([inter, hidden] gate and up, [hidden, inter] down):
 // NVFP4 costs 9/16 of a byte a weight (4-bit codes and an E4M3 scale per 16), BF16 two.
 int64_t expert_bytes(ops::WeightFormat format, int64_t hidden, int64_t inter);

@@ -291,6 +291,7 @@ TEST(Cli, MtpLayerIsLoadedAndSkipped) {
   const auto with_mtp = run_cli("generate" + args);
   const auto without = run_cli("generate --model " + src_dir.string() + " --prompt-ids 3,1,4,1,5 --max-new-tokens 4 --json");
   const auto inspect = run_cli("inspect --json --model " + dir.string());
+  const auto inspect_cut = run_cli("inspect --json --model " + dir.string() + R"( --hf-overrides '{"num_hidden_layers": 2}')");
   fs::remove_all(dir);
   ASSERT_EQ(with_mtp.exit_code, 0) << with_mtp.err;
   EXPECT_EQ(nlohmann::json::parse(with_mtp.out)["token_ids"], nlohmann::json::parse(without.out)["token_ids"]);
@@ -298,6 +299,14 @@ TEST(Cli, MtpLayerIsLoadedAndSkipped) {
   const auto info = nlohmann::json::parse(inspect.out);
   EXPECT_EQ(info["mtp_layers"], 1);
   EXPECT_EQ(info["weights"]["mtp_tensors"], 4);
+  EXPECT_EQ(info["weights"]["unloaded_tensors"], 4);
+  // Cut to 2 layers: the MTP layer is still the file's layer 3, and layer 2 is not loaded either.
+  ASSERT_EQ(inspect_cut.exit_code, 0) << inspect_cut.err;
+  const auto cut = nlohmann::json::parse(inspect_cut.out)["weights"];
+  EXPECT_EQ(cut["mtp_tensors"], 4);
+  int64_t layer2 = 0;
+  for (const auto& name : src->names()) layer2 += name.starts_with("model.layers.2.");
+  EXPECT_EQ(cut["unloaded_tensors"], 4 + layer2);
 }
 
 // --hf-overrides: GLM-5's published config read with 4 layers; dummy weights drawn for the

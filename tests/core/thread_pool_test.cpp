@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -25,6 +26,24 @@ TEST(ThreadPool, ManyRoundsInARow) {
   for (int r = 0; r < 200; ++r)
     pool.parallel_for(100, 10, [&](int64_t b, int64_t e) { sum += e - b; });
   EXPECT_EQ(sum, 200 * 100);
+}
+
+TEST(ThreadPool, ExceptionsReachTheCallerAfterEveryChunk) {
+  ThreadPool pool(4);
+  for (int64_t thrower : {0, 999}) {  // the calling thread's chunk, then a worker's
+    std::atomic<int> finished{0};
+    EXPECT_THROW(pool.parallel_for(1000, 1,
+                                   [&](int64_t b, int64_t e) {
+                                     if (b <= thrower && thrower < e) throw std::runtime_error("bad row");
+                                     ++finished;
+                                   }),
+                 std::runtime_error);
+    EXPECT_EQ(finished, 3);  // the other chunks ran to their end before the throw arrived
+  }
+  // The pool serves the next job as before.
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(100, 10, [&](int64_t b, int64_t e) { sum += e - b; });
+  EXPECT_EQ(sum, 100);
 }
 
 }  // namespace
