@@ -114,6 +114,31 @@ TEST(Cli, GenerateJsonMatchesTransformers) {
   EXPECT_TRUE(out.contains("text"));
 }
 
+TEST(Cli, GenerateOnRanksGivesWhatOneRankGives) {
+  const std::string base = "generate --model " + kFixture.string() +
+                           " --device cpu --prompt-ids 3,14,15,92,65 --max-new-tokens 12 --ignore-eos --json";
+  const auto one = run_cli(base);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const auto want = nlohmann::json::parse(one.out);
+  for (const char* flags : {" --tp 2", " --ep 2", " --tp 2 --ep 2", " --tp 4 --ep 2"}) {
+    const auto r = run_cli(base + flags);
+    ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.err;
+    EXPECT_NE(r.err.find(" ranks (--tp"), std::string::npos) << r.err;
+    const auto got = nlohmann::json::parse(r.out);
+    EXPECT_EQ(got["token_ids"], want["token_ids"]) << flags;
+    ASSERT_EQ(got["logprobs"].size(), want["logprobs"].size()) << flags;
+    for (size_t i = 0; i < got["logprobs"].size(); ++i)
+      EXPECT_NEAR(got["logprobs"][i].get<double>(), want["logprobs"][i].get<double>(), 1e-4) << flags;
+  }
+}
+
+TEST(Cli, RankFlagsTetraCannotRunAreOneSentence) {
+  const std::string base = "generate --model " + kFixture.string() + " --device cpu --prompt-ids 1";
+  expect_clear_error(run_cli(base + " --tp 2 --ep 4"), "--ep 4 must divide --tp 2");
+  expect_clear_error(run_cli(base + " --tp 8"), "--tp 8 must divide the model's 4 attention heads");
+  expect_clear_error(run_cli(base + " --ep 3"), "--ep 3 must divide the model's 8 routed experts");
+}
+
 TEST(Cli, InspectReadsConfigAlone) {
   const fs::path dir = fs::temp_directory_path() / ("tetra_cli_cfg_" + std::to_string(::getpid()));
   fs::create_directories(dir);
