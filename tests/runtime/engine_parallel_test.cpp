@@ -34,7 +34,8 @@ std::vector<runtime::RequestParams> requests(int64_t vocab) {
 std::vector<testing::Collected> serve(runtime::ModelRanks& r, const std::vector<runtime::RequestParams>& reqs,
                                       runtime::EngineStats* stats) {
   EngineConfig c = testing::small_config();
-  c.kv_blocks = 12;
+  c.block_size = 4;
+  c.kv_blocks = 16;  // the longest request needs 13 blocks; four at once cannot fit
   c.chunked_prefill_size = 9;
   c.max_running_requests = 4;
   Engine engine(r, c);

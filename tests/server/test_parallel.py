@@ -9,7 +9,7 @@ import unittest
 from harness import MODEL, TETRA, Server
 from test_faults import wait_unhealthy_then_exit
 
-CPU = ("--device", "cpu")
+CPU = ("--device", "cpu", "--kv-memory", "32M")  # a small pool: each rank zeroes its own
 PROMPTS = ["def main():", "The quick brown fox", "1, 2, 3,", "Hello"]
 
 
