@@ -278,6 +278,22 @@ TEST_F(EvalIds, ProgressCountsTokens) {
   EXPECT_EQ(line.find("tensors"), std::string::npos) << line;
 }
 
+TEST_F(EvalIds, RanksScoreWhatOneRankScores) {
+  const std::string flags = "--device cpu --window 6 --json --ref " + kFixture.string();
+  const auto one = eval(flags);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const auto want = nlohmann::json::parse(one.out);
+  for (const char* ranks : {" --tp 2", " --tp 2 --ep 2", " --ep 2"}) {
+    const auto r = eval(flags + ranks);
+    ASSERT_EQ(r.exit_code, 0) << ranks << ": " << r.err;
+    const auto got = nlohmann::json::parse(r.out);
+    EXPECT_EQ(got["scored"], want["scored"]) << ranks;
+    // Perplexity is exp(mean NLL): log-probs within 1e-4 keep it within that relative error.
+    EXPECT_NEAR(got["perplexity"].get<double>() / want["perplexity"].get<double>(), 1.0, 1e-4) << ranks;
+    EXPECT_NEAR(got["mean_kl"].get<double>(), 0.0, 1e-9) << ranks;  // against itself, split alike
+  }
+}
+
 // A checkpoint with its multi-token-prediction layer (model.layers.{num_hidden_layers}.*) loads,
 // generates as without it, and inspect counts the MTP tensors.
 TEST(Cli, MtpLayerIsLoadedAndSkipped) {
