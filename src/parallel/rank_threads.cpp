@@ -20,16 +20,24 @@ RankThreads::~RankThreads() {
 }
 
 void RankThreads::call(int rank) {
+  std::string what;
+  std::exception_ptr error;
   try {
     (*job_)(rank);
+    return;
   } catch (const std::exception& e) {
-    bool first = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!first_error_) first_error_ = std::current_exception(), first = true;
-    }
-    if (first && on_failure_) on_failure_(str_cat("rank ", rank, " failed: ", e.what()));
+    what = e.what();
+    error = std::current_exception();
+  } catch (...) {
+    what = "an exception that is not a std::exception";
+    error = std::current_exception();
   }
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!first_error_) first_error_ = error, first = true;
+  }
+  if (first && on_failure_) on_failure_(str_cat("rank ", rank, " failed: ", what));
 }
 
 void RankThreads::worker_loop(int rank) {
