@@ -236,10 +236,18 @@ std::unique_ptr<ops::MoeExperts> WeightLoader::experts(const std::string& prefix
     TETRA_CHECK(format != ops::WeightFormat::Fp8, prefix, ": --load-format dummy does not draw FP8 experts");
     TETRA_CHECK(format_of(prefix + "0." + down) == format, prefix, ": --load-format dummy draws experts whose ",
                 "matrices share one format; the quantization config gives their down projections another");
-    // A shared expert of another width than the routed ones is drawn as a plain MLP by the caller.
-    const bool fused_shared = shared_prefix && shared_width.size() == width.size();
-    TETRA_CHECK(!shared_prefix || fused_shared, prefix, ": --load-format dummy draws a shared expert only ",
-                "of the routed experts' width (", width.size(), "), not ", shared_width.size());
+    // The backend draws a shared expert only of the routed experts' width. Where the ranks'
+    // shares of the two differ (the shared expert splits over every rank, a routed one over
+    // its expert group), the first group holds the shared expert, split as the routed ones.
+    bool with_shared = shared_prefix != nullptr;
+    int64_t shared_part = shared_width.size();
+    if (with_shared && shared_part != width.size() && shared_inter == inter) {
+      with_shared = shard.ids.index == 0;
+      shared_part = width.size();
+    }
+    const bool fused_shared = with_shared && shared_part == width.size();
+    TETRA_CHECK(!with_shared || fused_shared, prefix, ": --load-format dummy draws a shared expert only ",
+                "of the routed experts' width (", width.size(), "), not ", shared_part);
     const ops::ExpertsSpec spec{.hidden = hidden, .intermediate = width.size(), .n_experts = int(ids.size()),
                                 .format = format, .shared_expert = fused_shared};
     // A rank's dummy experts are drawn from a seed of their own.

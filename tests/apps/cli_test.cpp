@@ -132,6 +132,17 @@ TEST(Cli, GenerateOnRanksGivesWhatOneRankGives) {
   }
 }
 
+TEST(Cli, DummyWeightsRunOnRanks) {
+  // A shared expert (glm4_moe) whose share per rank differs from a routed expert's.
+  const fs::path config = fs::path(TETRA_SOURCE_DIR) / "tests/fixtures/glm4_moe-small-config";
+  for (const char* flags : {" --tp 2", " --ep 2", " --tp 2 --ep 2"}) {
+    const auto r = run_cli("generate --model " + config.string() + " --load-format dummy --device cpu" +
+                           " --prompt-ids 1,2,3 --max-new-tokens 2 --json" + flags);
+    ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].size(), 2u) << flags;
+  }
+}
+
 TEST(Cli, RankFlagsTetraCannotRunAreOneSentence) {
   const std::string base = "generate --model " + kFixture.string() + " --device cpu --prompt-ids 1";
   expect_clear_error(run_cli(base + " --tp 2 --ep 4"), "--ep 4 must divide --tp 2");
