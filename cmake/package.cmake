@@ -2,7 +2,7 @@
 # tokenizer, the runtime with its batching engine), in the build tree and after
 # `cmake --install build --prefix P` through find_package(tetra) with CMAKE_PREFIX_PATH=P.
 # The HTTP server and the CLI stay out of it.
-set(tetra_engine_libs tetra_core tetra_formats tetra_tokenizer tetra_ops tetra_model tetra_runtime)
+set(tetra_engine_libs tetra_core tetra_formats tetra_tokenizer tetra_ops tetra_parallel tetra_model tetra_runtime)
 if(TARGET tetra_ops_cuda)  # the CUDA backend, behind ops::make_backend
   list(APPEND tetra_engine_libs tetra_ops_cuda)
 endif()
@@ -23,7 +23,7 @@ include(CMakePackageConfigHelpers)
 install(TARGETS ${tetra_engine_libs} tetra_engine EXPORT tetraTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # Headers keep their module paths ("runtime/engine.h"), under include/tetra.
-foreach(dir core formats tokenizer ops model runtime)
+foreach(dir core formats tokenizer ops parallel model runtime)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/${dir} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tetra
           FILES_MATCHING PATTERN "*.h" PATTERN "cuda" EXCLUDE)
 endforeach()

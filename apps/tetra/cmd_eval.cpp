@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #include "formats/model_config.h"
+#include "parallel_flags.h"
 #include "progress.h"
 #include "runtime/evaluate.h"
 #ifdef TETRA_HAVE_TOKENIZER
@@ -33,15 +34,23 @@ std::string read_text(const std::filesystem::path& path) {
   return ss.str();
 }
 
-std::unique_ptr<model::Model> load(const std::filesystem::path& dir, ops::Backend& backend,
-                                   const std::string& hf_overrides) {
+// On its own ranks (backends made from `backend`), or, with `shared`, on that one backend.
+std::unique_ptr<runtime::ModelRanks> load(const std::filesystem::path& dir, const ops::BackendOptions& backend,
+                                          const parallel::Parallelism& par, ops::Backend* shared,
+                                          std::unique_ptr<model::Model>& owned, const std::string& hf_overrides) {
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
   Progress progress("loading " + dir.filename().string());
   model::LoadOptions options;
   options.hf_overrides = hf_overrides;
   options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
-  auto m = model::load_model(dir, backend, options);
-  progress.finish(m->load_stats().tensors, m->load_stats().bytes);
+  std::unique_ptr<runtime::ModelRanks> m;
+  if (shared) {
+    owned = model::load_model(dir, *shared, options);
+    m = std::make_unique<runtime::ModelRanks>(*owned, *shared);
+  } else {
+    m = runtime::load_ranks(dir, backend, par, options);
+  }
+  progress.finish(m->model().load_stats().tensors, m->model().load_stats().bytes);
   return m;
 }
 
@@ -65,6 +74,8 @@ int cmd_eval(int argc, char** argv) {
   add_hf_overrides_flag(app, hf_overrides)->description(
       "a JSON object merged into the config.json of --model and of --ref before it is read, e.g. "
       "'{\"num_hidden_layers\": 6}' (nested objects merge key by key)");
+  parallel::Parallelism par;
+  add_parallel_flags(app, par);  // the reference model is split the same way
   app.add_flag("--json", json, "print one JSON object on stdout");
   try {
     app.parse(argc, argv);
@@ -72,6 +83,7 @@ int cmd_eval(int argc, char** argv) {
     return app.exit(e);
   }
   TETRA_CHECK(!text_file.empty() || !ids_file.empty(), "give the text with --text (or --ids)");
+  check_parallel_flags(par);
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
   // A window is one forward over consecutive tokens: it cannot pass either model's context.
@@ -100,16 +112,19 @@ int cmd_eval(int argc, char** argv) {
 #endif
   }
 
-  auto backend = ops::make_backend(backend_options(dev));
-  auto model = load(dir, *backend, hf_overrides);
-  std::unique_ptr<model::Model> ref;
-  if (!ref_dir.empty()) ref = load(ref_dir, *backend, hf_overrides);
+  const ops::BackendOptions backend = backend_options(dev);
+  std::unique_ptr<model::Model> unused;
+  auto model = load(dir, backend, par, nullptr, unused, hf_overrides);
+  std::unique_ptr<model::Model> ref_model;  // one rank: the reference shares the model's backend
+  std::unique_ptr<runtime::ModelRanks> ref;
+  if (!ref_dir.empty()) ref = load(ref_dir, backend, par, par.world() == 1 ? &model->backend() : nullptr, ref_model,
+                                   hf_overrides);
 
   runtime::EvalOptions opt;
   opt.window = window;
   Progress progress("evaluating", "tokens");
   opt.on_progress = [&](int64_t done, int64_t) { progress.update(done, 0); };
-  const runtime::EvalResult r = runtime::evaluate(*model, ref.get(), *backend, tokens, opt);
+  const runtime::EvalResult r = runtime::evaluate(*model, ref.get(), tokens, opt);
   progress.finish(r.n_scored, 0);
 
   if (json) {

@@ -16,6 +16,7 @@
 #include "formats/model_config.h"
 #include "model/model.h"
 #include "model_summary.h"
+#include "parallel_flags.h"
 #include "progress.h"
 #include "runtime/generate.h"
 #ifdef TETRA_HAVE_TOKENIZER
@@ -70,6 +71,8 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--seed", seed, "sampling seed");
   add_device_flags(app, dev);
   add_hf_overrides_flag(app, hf_overrides);
+  parallel::Parallelism par;
+  add_parallel_flags(app, par);
   app.add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
   app.add_flag("--json", json, "print one JSON object on stdout");
   try {
@@ -78,6 +81,7 @@ int cmd_generate(int argc, char** argv) {
     return app.exit(e);
   }
   TETRA_CHECK(!prompt.empty() || !prompt_ids.empty(), "give a prompt with --prompt or --prompt-ids");
+  check_parallel_flags(par);
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
 
@@ -106,23 +110,25 @@ int cmd_generate(int argc, char** argv) {
   // Requests are checked against the config before the weights are touched.
   runtime::check_prompt(file_config, prompt_tokens, max_new_tokens);
 
-  auto backend = ops::make_backend(backend_options(dev));
   Progress progress("loading " + dir.filename().string());
   model::LoadOptions options;
   options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
   options.dummy = dev.load_format == "dummy";
   options.hf_overrides = hf_overrides;
-  auto model = model::load_model(dir, *backend, options);
+  auto ranks = runtime::load_ranks(dir, backend_options(dev), par, options);
+  model::Model* model = &ranks->model();
+  ops::Backend* backend = &ranks->backend();
   const auto stats = model->load_stats();
   progress.finish(stats.tensors, stats.bytes);
   const ModelConfig& config = model->config();
-  std::fprintf(stderr, "%s\nbackend: %s\n", describe_architecture(config).c_str(), backend->name().c_str());
+  std::fprintf(stderr, "%s\nbackend: %s%s\n", describe_architecture(config).c_str(), backend->name().c_str(),
+               ranks->size() > 1 ? str_cat(", ", ranks->size(), " ranks (--tp ", par.tp, " --ep ", par.ep, ")").c_str() : "");
 
   runtime::GenerateOptions gen{.max_new_tokens = max_new_tokens,
                                 .sampling = {.temperature = temperature, .top_p = top_p, .top_k = top_k},
                                 .seed = seed,
                                 .ignore_eos = ignore_eos};
-  const runtime::GenerateResult r = runtime::generate(*model, *backend, prompt_tokens, gen);
+  const runtime::GenerateResult r = runtime::generate(*ranks, prompt_tokens, gen);
   const auto& generated = r.token_ids;
   std::string text;
 #ifdef TETRA_HAVE_TOKENIZER

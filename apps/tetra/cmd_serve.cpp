@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "device_options.h"
 #include "model_summary.h"
+#include "parallel_flags.h"
 #include "progress.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -119,7 +120,8 @@ int cmd_serve(int argc, char** argv) {
   double log_stats_interval = 10;
   std::string log_level = "info";
   DeviceFlags dev;
-  int port = 30000, tp = 1, ep = 1, http_threads = 2;
+  int port = 30000, http_threads = 2;
+  parallel::Parallelism par;
   runtime::EngineConfig engine_config;
   double shutdown_timeout = 30, read_timeout = 30;
   int64_t context_length = 0;
@@ -148,8 +150,8 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::Range(0.01, 1.0));
   // The last --kv-memory given wins, so a wrapper's default can be overridden after it.
   app.add_option("--kv-memory", kv_memory,
-                 "bytes for the KV cache (e.g. 256M, 2G); default 256M on the CPU, on a GPU what "
-                 "--mem-fraction-static leaves")
+                 "bytes for the KV cache (e.g. 256M, 2G; each rank's under --tp/--ep); default 256M on the CPU, "
+                 "on a GPU what --mem-fraction-static leaves")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--context-length,--max-model-len", context_length,
                  "tokens per sequence, prompt and output (0: the model's maximum, shortened with a "
@@ -173,8 +175,7 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::Range(0.05, 86400.0));
   app.add_option("--log-level", log_level, "debug, info, warning or error (warning: no access or throughput lines)")
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
-  app.add_option("--tp", tp, "tensor-parallel size")->check(CLI::Range(1, 64));
-  app.add_option("--ep", ep, "expert-parallel size")->check(CLI::Range(1, 64));
+  add_parallel_flags(app, par);
   app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 256));
   app.add_option("--shutdown-timeout", shutdown_timeout,
                  "seconds SIGTERM lets running requests finish (0: abort them at once)")->check(CLI::Range(0.0, 86400.0));
@@ -196,8 +197,7 @@ int cmd_serve(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  TETRA_CHECK(tp == 1, "--tp ", tp, " is not supported yet; tetra serve runs on one device (--tp 1)");
-  TETRA_CHECK(ep == 1, "--ep ", ep, " is not supported yet; tetra serve runs on one device (--ep 1)");
+  check_parallel_flags(par);
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
   TETRA_CHECK(tok::has_tokenizer(dir), "tetra serve needs ", (dir / "tokenizer.json").string(),
@@ -219,6 +219,14 @@ int cmd_serve(int argc, char** argv) {
     TETRA_CHECK(*end == '\0' && n >= 0, "TETRA_TESTING_FAIL_STEP must be a step number >= 0, not '", v, "'");
     engine_config.testing_fail_step = n;
     std::fprintf(stderr, "tetra serve: TETRA_TESTING_FAIL_STEP=%lld: step %lld will fail (testing)\n", n, n);
+  }
+  if (const char* v = std::getenv("TETRA_TESTING_FAIL_RANK"); v && *v) {
+    // Tests only: that fault is thrown on this rank, inside the step, while the others wait.
+    char* end = nullptr;
+    const long long r = std::strtoll(v, &end, 10);
+    TETRA_CHECK(*end == '\0' && r >= 0 && r < par.world(), "TETRA_TESTING_FAIL_RANK must be a rank in [0, ",
+                par.world(), "), not '", v, "'");
+    engine_config.testing_fail_rank = int(r);
   }
   set_log_level(log_level == "debug"     ? LogLevel::Debug
                 : log_level == "info"    ? LogLevel::Info
@@ -245,12 +253,15 @@ int cmd_serve(int argc, char** argv) {
   raise_fd_limit();
 
   // The device answers (or the command ends with one sentence) before the server listens.
-  auto backend = ops::make_backend(backend_options(dev));
-  std::fprintf(stderr, "tetra serve: backend %s\n", backend->name().c_str());
+  const ops::BackendOptions backend_opts = runtime::rank_backend_options(backend_options(dev), par);
+  auto backend = ops::make_backend(backend_opts);  // rank 0's
+  std::fprintf(stderr, "tetra serve: backend %s%s\n", backend->name().c_str(),
+               par.world() > 1 ? str_cat(", ", par.world(), " ranks (--tp ", par.tp, " --ep ", par.ep, ")").c_str() : "");
   if (const int64_t available = host_memory_available_bytes();
       backend->memory_info().total_bytes == 0 && available > 0)
-    TETRA_CHECK(engine_config.kv_memory_bytes <= available, "--kv-memory asks for ",
-                str_cat(gib(engine_config.kv_memory_bytes)), " GiB for the KV cache, but this machine has ",
+    TETRA_CHECK(engine_config.kv_memory_bytes * par.world() <= available, "--kv-memory asks for ",
+                str_cat(gib(engine_config.kv_memory_bytes)), " GiB for the KV cache",
+                par.world() > 1 ? str_cat(" of each of ", par.world(), " ranks") : "", ", but this machine has ",
                 str_cat(gib(available)), " GiB of memory available");
 
   server::Server srv(server::ServerOptions{.host = host,
@@ -272,11 +283,11 @@ int cmd_serve(int argc, char** argv) {
   load_options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
   load_options.dummy = dev.load_format == "dummy";
   load_options.hf_overrides = hf_overrides;
-  auto model = model::load_model(dir, *backend, load_options);
-  progress.finish(model->load_stats().tensors, model->load_stats().bytes);
-  const ModelConfig& mc = model->config();
+  auto ranks = runtime::load_ranks(dir, backend_opts, par, load_options, std::move(backend));
+  progress.finish(ranks->model().load_stats().tensors, ranks->model().load_stats().bytes);
+  const ModelConfig& mc = ranks->model().config();
   std::fprintf(stderr, "tetra serve: %s\n", describe_architecture(mc).c_str());
-  runtime::Engine engine(*model, *backend, engine_config);
+  runtime::Engine engine(*ranks, engine_config);
   std::thread engine_thread([&engine] {
     try {
       engine.run();

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "ops/communicator.h"
+
 namespace tetra::model {
 namespace {
 
@@ -21,15 +23,22 @@ void run_mlp(ops::Backend& backend, const ops::Context& ctx, const ops::MlpWeigh
 
 }  // namespace
 
+void all_reduce(const ops::Context& ctx, TensorView x) {
+  TETRA_CHECK(ctx.comm != nullptr, "a sharded model's forward needs the ranks' communicator (Context::comm)");
+  ctx.comm->all_reduce_sum(ctx, x);
+}
+
 FfnLayer load_ffn(WeightLoader& loader, const ModelConfig& c, int layer,
                   const FfnNames& names) {
   FfnLayer ffn;
   const std::string prefix = layer_prefix(layer);
   const int64_t hidden = c.hidden_size;
   ffn.is_moe = c.layer_is_moe[size_t(layer)];
+  const parallel::RankShard& shard = loader.shard();
   if (!ffn.is_moe) {
     ffn.dense = loader.mlp(prefix + "mlp.", names.gate, names.up, names.down, hidden,
-                           c.intermediate_size);
+                           c.intermediate_size, shard.attention());
+    ffn.partial = !shard.attention().whole();
     return ffn;
   }
   const std::string moe = prefix + names.moe_prefix;
@@ -52,7 +61,10 @@ FfnLayer load_ffn(WeightLoader& loader, const ModelConfig& c, int layer,
   const bool shared = c.n_shared_experts > 0 && names.shared;
   ffn.experts = loader.experts(moe + names.experts, n_experts, names.gate, names.up, names.down, hidden,
                                c.moe_intermediate_size, shared ? &shared_prefix : nullptr,
-                               c.moe_intermediate_size * c.n_shared_experts);
+                               c.moe_intermediate_size * c.n_shared_experts,
+                               {.ids = shard.expert_ids(), .width = shard.expert_width(),
+                                .shared = shard.shared_expert()});
+  ffn.partial = shard.world() > 1;
   return ffn;
 }
 
@@ -60,6 +72,7 @@ void run_ffn(ops::Backend& backend, const ops::Context& ctx, const FfnLayer& ffn
              TensorView out) {
   if (!ffn.is_moe) {
     run_mlp(backend, ctx, ffn.dense, x, out);
+    if (ffn.partial) all_reduce(ctx, out);
     return;
   }
   ops::Arena& arena = *ctx.arena;
@@ -71,6 +84,7 @@ void run_ffn(ops::Backend& backend, const ops::Context& ctx, const FfnLayer& ffn
   backend.linear(ctx, x, ffn.router, logits);
   backend.route(ctx, logits, ffn.routing, ids, weights);
   backend.moe_experts(ctx, x, ids, weights, *ffn.experts, out);
+  if (ffn.partial) all_reduce(ctx, out);
 }
 
 }  // namespace tetra::model

@@ -15,7 +15,11 @@ struct FfnLayer {
   ops::LinearWeight router;                  // MoE: [E, hidden]
   ops::RoutingSpec routing;
   std::unique_ptr<ops::MoeExperts> experts;  // with the shared expert, when the layer has one
+  bool partial = false;  // sharded: each rank's output is its part of the sum, all-reduced
 };
+
+// x = the sum of every rank's x (ctx.comm), for the outputs of row-parallel layers.
+void all_reduce(const ops::Context& ctx, TensorView x);
 
 // Names of one family's FFN tensors under `model.layers.L.`.
 struct FfnNames {
@@ -30,7 +34,7 @@ struct FfnNames {
 
 FfnLayer load_ffn(WeightLoader& loader, const ModelConfig& c, int layer, const FfnNames& names);
 
-// out [T, hidden] = ffn(x [T, hidden]).
+// out [T, hidden] = ffn(x [T, hidden]), on every rank.
 void run_ffn(ops::Backend& backend, const ops::Context& ctx, const FfnLayer& ffn, TensorView x,
              TensorView out);
 

@@ -37,20 +37,32 @@ class GqaMoeModel : public Model {
     const ModelConfig& c = config_;
     WeightLoader loader(checkpoint_.get(), dir, backend_, options);
     const int64_t hidden = c.hidden_size, q_width = c.n_heads * c.head_dim,
-                  kv_width = c.n_kv_heads * c.head_dim;
+                  kv_width = c.n_kv_heads * c.head_dim, hd = c.head_dim;
     const FfnNames names = ffn_names(c.family);
+    // Under tensor parallelism a rank holds its heads' rows of q, k and v and their columns
+    // of o_proj (whose bias rank 0 adds alone, since the ranks' outputs are summed).
+    const parallel::Part tp = options.shard.attention();
+    heads_ = parallel::split_heads(c.n_heads, c.n_kv_heads, tp);
+    const auto rows = [&](int64_t h0, int64_t n) {
+      return tp.whole() ? LinearSlice{} : LinearSlice::rows({h0 * hd, (h0 + n) * hd});
+    };
+    const LinearSlice q_rows = rows(heads_.q_begin, heads_.n_q), kv_rows = rows(heads_.kv_begin, heads_.n_kv);
+    const LinearSlice o_columns =
+        tp.whole() ? LinearSlice{}
+                   : LinearSlice::columns({heads_.q_begin * hd, (heads_.q_begin + heads_.n_q) * hd}, tp.index == 0);
+    attention_partial_ = !tp.whole();
     for (int l = 0; l < c.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       Layer layer;
       layer.input_norm = loader.floats(p + "input_layernorm.weight", {hidden});
       layer.post_attention_norm = loader.floats(p + "post_attention_layernorm.weight", {hidden});
       AttentionWeights& a = layer.attn;
-      a.q = loader.linear(p + "self_attn.q_proj", q_width, hidden, c.attention_bias);
-      a.k = loader.linear(p + "self_attn.k_proj", kv_width, hidden, c.attention_bias);
-      a.v = loader.linear(p + "self_attn.v_proj", kv_width, hidden, c.attention_bias);
+      a.q = loader.linear(p + "self_attn.q_proj", q_width, hidden, c.attention_bias, q_rows);
+      a.k = loader.linear(p + "self_attn.k_proj", kv_width, hidden, c.attention_bias, kv_rows);
+      a.v = loader.linear(p + "self_attn.v_proj", kv_width, hidden, c.attention_bias, kv_rows);
       // o_proj carries a bias in some families (qwen3_moe with attention_bias), never in others.
       a.o = loader.linear(p + "self_attn.o_proj", hidden, q_width,
-                          loader.has(p + "self_attn.o_proj.bias"));
+                          loader.has(p + "self_attn.o_proj.bias"), o_columns);
       if (c.qk_norm) {
         a.q_norm = loader.floats(p + "self_attn.q_norm.weight", {c.head_dim});
         a.k_norm = loader.floats(p + "self_attn.k_norm.weight", {c.head_dim});
@@ -76,7 +88,7 @@ class GqaMoeModel : public Model {
 
   std::vector<KvLayerShape> kv_layout() const override {
     return std::vector<KvLayerShape>(size_t(config_.n_layers),
-                                     {config_.n_kv_heads, config_.head_dim, config_.head_dim});
+                                     {heads_.n_kv, config_.head_dim, config_.head_dim});
   }
 
   void forward(const ops::Context& ctx, const StepInputs& in,
@@ -86,7 +98,7 @@ class GqaMoeModel : public Model {
     ops::Arena& arena = *ctx.arena;
     const DType act = b.activation_dtype();
     const int64_t n_tokens = in.token_ids.numel(), hidden = c.hidden_size;
-    const int64_t n_heads = c.n_heads, n_kv = c.n_kv_heads, hd = c.head_dim;
+    const int64_t n_heads = heads_.n_q, n_kv = heads_.n_kv, hd = c.head_dim;  // this rank's
     TETRA_CHECK(int64_t(cache.size()) == c.n_layers, "forward: the KV cache has ", cache.size(),
                 " layers, the model ", c.n_layers);
 
@@ -113,6 +125,7 @@ class GqaMoeModel : public Model {
                               cache[l]);
       b.attention(ctx, q, cache[l], in.attn, scale, attn);
       b.linear(ctx, attn.reshaped({n_tokens, n_heads * hd}), a.o, y);
+      if (attention_partial_) all_reduce(ctx, y);
       b.add_rms_norm(ctx, h, y, layer.post_attention_norm, float(c.rms_norm_eps), x);
       run_ffn(b, ctx, layer.ffn, x, y);
       if (l + 1 < layers_.size())
@@ -120,7 +133,7 @@ class GqaMoeModel : public Model {
       else
         b.add(ctx, h, y, h);
     }
-    project_logits(b, ctx, io_, float(c.rms_norm_eps), h, in.logit_rows, logits);
+    if (!logits.empty()) project_logits(b, ctx, io_, float(c.rms_norm_eps), h, in.logit_rows, logits);
   }
 
  private:
@@ -132,6 +145,8 @@ class GqaMoeModel : public Model {
   std::vector<Layer> layers_;
   DeviceRope rope_;
   LoadStats stats_;
+  parallel::HeadShard heads_;       // this rank's query and KV heads
+  bool attention_partial_ = false;  // o_proj's output is this rank's part of the sum
 };
 
 }  // namespace

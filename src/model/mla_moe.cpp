@@ -48,6 +48,19 @@ class MlaMoeModel : public Model {
     const int64_t hidden = c.hidden_size, heads = c.n_heads;
     const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
     const FfnNames names{"mlp.", "gate", "experts.", "gate_proj", "up_proj", "down_proj", "shared_experts."};
+    // Under tensor parallelism a rank holds its heads' rows of q_b_proj (q_proj) and kv_b_proj
+    // and their columns of o_proj (bias on rank 0 alone). The latent path (q_a, kv_a, their
+    // norms) and the DSA indexer stay whole on every rank: the latent cache is replicated.
+    const parallel::Part tp = options.shard.attention();
+    const parallel::HeadShard hs = parallel::split_heads(heads, heads, tp);
+    heads_ = hs.n_q;
+    const auto head_rows = [&](int64_t per_head) {
+      return tp.whole() ? LinearSlice{} : LinearSlice::rows({hs.q_begin * per_head, (hs.q_begin + hs.n_q) * per_head});
+    };
+    const int64_t dv = c.v_head_dim;
+    const LinearSlice o_columns =
+        tp.whole() ? LinearSlice{} : LinearSlice::columns({hs.q_begin * dv, (hs.q_begin + hs.n_q) * dv}, tp.index == 0);
+    attention_partial_ = !tp.whole();
     for (int l = 0; l < c.n_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const std::string a = p + "self_attn.";
@@ -58,16 +71,16 @@ class MlaMoeModel : public Model {
       if (c.q_lora_rank > 0) {
         w.q_a = loader.linear(a + "q_a_proj", c.q_lora_rank, hidden, c.attention_bias);
         w.q_a_norm = loader.floats(a + "q_a_layernorm.weight", {c.q_lora_rank});
-        w.q = loader.linear(a + "q_b_proj", heads * qk, c.q_lora_rank, false);
+        w.q = loader.linear(a + "q_b_proj", heads * qk, c.q_lora_rank, false, head_rows(qk));
       } else {
-        w.q = loader.linear(a + "q_proj", heads * qk, hidden, false);
+        w.q = loader.linear(a + "q_proj", heads * qk, hidden, false, head_rows(qk));
       }
       w.kv_a = loader.linear(a + "kv_a_proj_with_mqa", c.kv_lora_rank + c.qk_rope_head_dim, hidden,
                              c.attention_bias);
       w.kv_a_norm = loader.floats(a + "kv_a_layernorm.weight", {c.kv_lora_rank});
       w.kv_b = loader.linear(a + "kv_b_proj", heads * (c.qk_nope_head_dim + c.v_head_dim),
-                             c.kv_lora_rank, false);
-      w.o = loader.linear(a + "o_proj", hidden, heads * c.v_head_dim, c.attention_bias);
+                             c.kv_lora_rank, false, head_rows(c.qk_nope_head_dim + c.v_head_dim));
+      w.o = loader.linear(a + "o_proj", hidden, heads * c.v_head_dim, c.attention_bias, o_columns);
       if (has_indexer(l)) {
         TETRA_CHECK(c.q_lora_rank > 0, "the DSA indexer reads the q low-rank path, but q_lora_rank is 0");
         const int64_t di = c.index_head_dim;
@@ -120,7 +133,7 @@ class MlaMoeModel : public Model {
     ops::Backend& b = backend_;
     ops::Arena& arena = *ctx.arena;
     const DType act = b.activation_dtype();
-    const int64_t t = in.token_ids.numel(), hidden = c.hidden_size, heads = c.n_heads;
+    const int64_t t = in.token_ids.numel(), hidden = c.hidden_size, heads = heads_;  // this rank's
     const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
     const int64_t rank = c.kv_lora_rank, qk = dn + dr;
     TETRA_CHECK(int64_t(cache.size()) == c.n_layers, "forward: the KV cache has ", cache.size(),
@@ -183,13 +196,14 @@ class MlaMoeModel : public Model {
                       o_latent);
       b.head_linear(ctx, o_latent, w.kv_b, dn + dv, dn, dv, false, attn);
       b.linear(ctx, attn.reshaped({t, heads * dv}), w.o, y);
+      if (attention_partial_) all_reduce(ctx, y);
       b.add(ctx, h, y, h);
 
       b.rms_norm(ctx, h, layer.post_attention_norm, float(c.rms_norm_eps), x);
       run_ffn(b, ctx, layer.ffn, x, y);
       b.add(ctx, h, y, h);
     }
-    project_logits(b, ctx, io_, float(c.rms_norm_eps), h, in.logit_rows, logits);
+    if (!logits.empty()) project_logits(b, ctx, io_, float(c.rms_norm_eps), h, in.logit_rows, logits);
   }
 
  private:
@@ -230,6 +244,8 @@ class MlaMoeModel : public Model {
   ops::RopeSpec index_rope_;  // the indexer's pairing may differ; frequencies are shared
   double scale_ = 1.0;
   LoadStats stats_;
+  int64_t heads_ = 0;               // this rank's attention heads
+  bool attention_partial_ = false;  // o_proj's output is this rank's part of the sum
 };
 
 }  // namespace

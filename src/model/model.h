@@ -10,6 +10,7 @@
 
 #include "formats/model_config.h"
 #include "ops/ops.h"
+#include "parallel/sharding.h"
 
 namespace tetra::model {
 
@@ -44,6 +45,9 @@ struct LoadOptions {
   // --hf-overrides: a JSON object's text merged into config.json before it is read
   // (formats/config_overrides.h); with fewer num_hidden_layers, only the layers left are loaded.
   std::string hf_overrides;
+  // The part of the model this rank holds under --tp/--ep (parallel/sharding.h); one rank
+  // holds all of it.
+  parallel::RankShard shard;
 };
 
 class Model {
@@ -52,8 +56,9 @@ class Model {
   virtual const ModelConfig& config() const = 0;
   virtual std::vector<KvLayerShape> kv_layout() const = 0;
   // Runs every layer over the batch, writes its K/V to `cache` (one entry per layer) and the
-  // logits of the selected rows to `logits` (F32 [R, vocab]). Scratch comes from ctx.arena,
-  // which the caller resets before the call; ops run on ctx's stream.
+  // logits of the selected rows to `logits` (F32 [R, vocab]; empty: none, as on the ranks
+  // after the first). Scratch comes from ctx.arena, which the caller resets before the call;
+  // ops run on ctx's stream; a sharded model's collectives go through ctx.comm.
   virtual void forward(const ops::Context& ctx, const StepInputs& in,
                        const std::vector<ops::KvCacheLayer>& cache, TensorView logits) = 0;
   virtual LoadStats load_stats() const = 0;

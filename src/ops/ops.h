@@ -13,8 +13,9 @@
 //   the op; a backend never expands a whole layer to a wider type.
 // - Tensors passed to an op live on the backend's device. Nothing inside an op waits on the
 //   host: metadata (positions, slots, block tables) is uploaded once per step by the caller.
-// - Every op takes an explicit Context (stream, thread pool, step arena, device properties),
-//   passed down by the caller; ops never read the environment or query the device.
+// - Every op takes an explicit Context (stream, thread pool, step arena, device properties,
+//   the rank's communicator), passed down by the caller; ops never read the environment or
+//   query the device.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +45,7 @@ struct Workspace {
 };
 
 class Arena;
+class Communicator;
 
 // What an op may use besides its arguments. Passed explicitly; there are no globals.
 struct Context {
@@ -52,6 +54,7 @@ struct Context {
   Arena* arena = nullptr;          // this step's scratch: models and ops take buffers here
   Workspace workspace;             // raw kernel entry points only (benchmarks); ops use arena
   const DeviceProps* props = nullptr;
+  Communicator* comm = nullptr;    // this rank's collectives (ops/communicator.h); null: one rank
 };
 
 enum class WeightFormat : uint8_t {
@@ -101,6 +104,13 @@ class MoeExperts {
  public:
   virtual ~MoeExperts() = default;
   virtual int64_t n_experts() const = 0;
+  // Under expert parallelism a rank holds the layer's experts [first_expert, first_expert +
+  // n_experts()); moe_experts takes the router's ids, and an id outside that range adds nothing.
+  int64_t first_expert() const { return first_expert_; }
+  void set_first_expert(int64_t e) { first_expert_ = e; }
+
+ private:
+  int64_t first_expert_ = 0;
 };
 
 // Where a batch's tokens sit and which cache slots they read and write. Token t of sequence
@@ -351,7 +361,7 @@ class Backend {
   virtual void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
                      TensorView weights) = 0;
   // out [T, H] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) (+ shared(x[t]) when the
-  // experts were prepared with a shared expert).
+  // experts were prepared with a shared expert), over the ids `experts` holds (first_expert).
   virtual void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
                            const MoeExperts& experts, TensorView out) = 0;
   // out [R, D] = x[rows[r]] for rows I32 [R].

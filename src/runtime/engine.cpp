@@ -75,18 +75,19 @@ bool decode_only(const std::vector<ScheduledChunk>& chunks) {
 }  // namespace
 
 struct Engine::Impl {
-  Impl(model::Model& m, ops::Backend& b, EngineConfig c)
-      : model(m), backend(b), config(std::move(c)), vocab(m.config().vocab_size),
-        max_context((check_config(config, m.config()),
-                     config.max_context ? config.max_context : m.config().max_position_embeddings)),
+  Impl(std::unique_ptr<ModelRanks> own, ModelRanks& r, EngineConfig c)
+      : own_ranks(std::move(own)), ranks(r), model(r.model()), backend(r.backend()), config(std::move(c)),
+        vocab(model.config().vocab_size),
+        max_context((check_config(config, model.config()),
+                     config.max_context ? config.max_context : model.config().max_position_embeddings)),
         capacity{.max_tokens = config.chunked_prefill_size + config.max_running_requests,
                  .max_seqs = config.max_running_requests,
                  .max_blocks_per_seq = (max_context + config.block_size - 1) / config.block_size},
-        arena(b), ctx(with_arena(b.context(), arena)), builder(b, config.block_size, capacity),
-        sampler(b, capacity.max_seqs),
-        logits_buf(b.alloc(DType::F32, {capacity.max_seqs, vocab})),
+        rank_steps(r, config.block_size, capacity), arena(rank_steps.arena()), ctx(rank_steps.context()),
+        builder(rank_steps.builder()), sampler(backend, capacity.max_seqs),
+        logits_buf(backend.alloc(DType::F32, {capacity.max_seqs, vocab})),
         n_blocks(prepare()),
-        cache(b, m.kv_layout(), config.block_size, n_blocks),
+        cache(r, config.block_size, n_blocks),
         blocks(n_blocks, config.block_size, config.enable_prefix_caching),
         scheduler({config.max_running_requests, config.chunked_prefill_size}, blocks) {
     fit_context_to_kv_cache();
@@ -94,18 +95,14 @@ struct Engine::Impl {
     capture_decode_graphs();
     if (config.testing_constant_block_hash)
       blocks.set_hash_for_testing([](uint64_t, std::span<const int32_t>) { return uint64_t(42); });
-    const int64_t block_bytes = kv_bytes_per_block(m.kv_layout(), config.block_size, b.kv_dtype());
+    const int64_t block_bytes = kv_bytes_per_block(model.kv_layout(), config.block_size, backend.kv_dtype());
     log_info("KV cache: ", n_blocks, " blocks of ", config.block_size, " tokens (",
              std::round(double(n_blocks * block_bytes) / (1 << 20) * 10) / 10, " MiB, ",
-             dtype_name(b.kv_dtype()), "), context ", config.max_context, ", prefix caching ",
+             dtype_name(backend.kv_dtype()), ranks.size() > 1 ? str_cat(", each of ", ranks.size(), " ranks") : "",
+             "), context ", config.max_context, ", prefix caching ",
              config.enable_prefix_caching ? "on" : "off", "; step arena ",
              std::round(double(arena.capacity_bytes()) / (1 << 20) * 10) / 10, " MiB");
     publish_stats();
-  }
-
-  static ops::Context with_arena(ops::Context c, ops::Arena& a) {
-    c.arena = &a;
-    return c;
   }
 
   // Before serving: the backend's warm-up, then a measuring pass at the largest step (which
@@ -127,19 +124,22 @@ struct Engine::Impl {
   void post_process(const ScheduledChunk& c, const ops::SampledToken* sampled);
   void finish(Request* r, FinishReason reason, const std::string& error = {});
 
-  model::Model& model;
+  std::unique_ptr<ModelRanks> own_ranks;  // the one rank made of a plain model and backend
+  ModelRanks& ranks;
+  model::Model& model;     // rank 0's: the config, the KV layout, the logits sampled
   ops::Backend& backend;
   EngineConfig config;
   const int64_t vocab;
   int64_t max_context;  // shortened once at start when the KV cache cannot hold the model's
   const StepCapacity capacity;
-  ops::Arena arena;
-  const ops::Context ctx;
-  StepBuilder builder;
+  RankSteps rank_steps;    // every rank's arena, step builder and context
+  ops::Arena& arena;       // rank 0's
+  const ops::Context& ctx;
+  StepBuilder& builder;
   BatchSampler sampler;
   std::unique_ptr<ops::Buffer> logits_buf;  // F32 [max_seqs, vocab]
   const int64_t n_blocks;
-  KvCache cache;
+  RankCaches cache;        // every rank's, one block numbering
   BlockManager blocks;
   Scheduler scheduler;
   std::unique_ptr<DecodeGraphs> graphs;  // null: every step eager
@@ -162,7 +162,10 @@ struct Engine::Impl {
 
 int64_t Engine::Impl::prepare() {
   const ModelConfig& mc = model.config();
-  backend.warm_up(ctx, model.moe_experts(), int(mc.n_experts_per_tok), capacity.max_tokens);
+  ranks.run([&](int r) {
+    ranks.backend(r).warm_up(rank_steps.context(r), ranks.model(r).moe_experts(), int(mc.n_experts_per_tok),
+                             capacity.max_tokens);
+  });
   // The largest steps: the most tokens (one long prompt chunk beside single-token sequences),
   // the same tokens as one sequence at the longest context (a long prompt's last chunks:
   // prefill attention splits its keys into scratch when few sequences leave SMs idle, and one
@@ -174,7 +177,7 @@ int64_t Engine::Impl::prepare() {
   // Each decode graph's step as it will be captured (attention planned for the whole
   // context; a smaller batch may split its keys more than the largest).
   for (int64_t b : graph_sizes()) measure_step(b, b, true);
-  arena.freeze();
+  rank_steps.freeze();
   return kv_pool_blocks();
 }
 
@@ -192,7 +195,7 @@ void Engine::Impl::measure_step(int64_t n_seqs, int64_t n_tokens, bool long_cont
   }
   const int64_t longest = lengths[0];
   const int64_t n_cache_blocks = (longest + bs - 1) / bs;
-  KvCache scratch(backend, model.kv_layout(), bs, n_cache_blocks);  // zeroed
+  RankCaches scratch(ranks, bs, n_cache_blocks);  // zeroed
   std::vector<int32_t> table(static_cast<size_t>(n_cache_blocks));
   for (int64_t b = 0; b < n_cache_blocks; ++b) table[size_t(b)] = int32_t(b);
   const std::vector<int32_t> tokens(static_cast<size_t>(longest), 0);
@@ -202,13 +205,12 @@ void Engine::Impl::measure_step(int64_t n_seqs, int64_t n_tokens, bool long_cont
     chunks.push_back({.tokens = std::span<const int32_t>(tokens).first(size_t(len)),
                       .start_position = 0,
                       .blocks = std::span<const int32_t>(table).first(size_t((len + bs - 1) / bs))});
-  arena.reset();
-  model::StepInputs in = builder.build(ctx, chunks);
+  const TensorView logits = logits_buf->view().rows(0, n_seqs);
   // Attention plans its splits from the longest context; the keys it reads stay the ones
   // there are, so the measured scratch is the longest context's without its cache.
-  if (long_context) in.attn.max_seq_len = int(max_context);
-  const TensorView logits = logits_buf->view().rows(0, n_seqs);
-  model.forward(ctx, in, scratch.layers(), logits);
+  rank_steps.forward(chunks, scratch, logits, [&](model::StepInputs& in) {
+    if (long_context) in.attn.max_seq_len = int(max_context);
+  });
   std::vector<SampleRequest> rows(static_cast<size_t>(n_seqs));
   for (auto& r : rows) r.params = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 50}, r.top_logprobs = 20;
   sampler.sample(ctx, logits, rows);
@@ -246,6 +248,7 @@ int64_t Engine::Impl::kv_pool_blocks() const {
 
 std::vector<int64_t> Engine::Impl::graph_sizes() const {
   if (config.disable_cuda_graph) return {};
+  if (ranks.size() > 1) return {};  // graphs of several ranks (NCCL inside a capture): not yet
   if (backend.device() == Device::Cpu && !config.testing_eager_decode_graphs) return {};
   return decode_graph_sizes(std::min<int64_t>(config.cuda_graph_max_bs, capacity.max_seqs));
 }
@@ -253,7 +256,7 @@ std::vector<int64_t> Engine::Impl::graph_sizes() const {
 void Engine::Impl::capture_decode_graphs() {
   const std::vector<int64_t> sizes = graph_sizes();
   if (sizes.empty()) return;
-  graphs = std::make_unique<DecodeGraphs>(model, backend, arena, ctx, builder, cache.layers(), logits_buf->view(),
+  graphs = std::make_unique<DecodeGraphs>(model, backend, arena, ctx, builder, cache.layers(0), logits_buf->view(),
                                           sizes, config.testing_eager_decode_graphs);
   if (!graphs->active()) {
     graphs.reset();
@@ -405,14 +408,13 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
   std::span<const ops::SampledToken> sampled;
   const bool from_graph = graphs && decode_only(chunks) && graphs->covers(int64_t(chunks.size()));
   try {
-    if (config.testing_fail_step == steps + failed_steps)
+    const bool inject = config.testing_fail_step == steps + failed_steps;
+    if (inject && config.testing_fail_rank < 0)
       fail("injected fault at step ", config.testing_fail_step, " (TETRA_TESTING_FAIL_STEP)");
-    if (from_graph) {
+    if (from_graph)
       graphs->run(seq_chunks);
-    } else {
-      arena.reset();
-      model.forward(ctx, builder.build(ctx, seq_chunks), cache.layers(), logits);
-    }
+    else
+      rank_steps.forward(seq_chunks, cache, logits, {}, inject ? config.testing_fail_rank : -1);
     sampled = sampler.sample(ctx, logits, sample_rows);
   } catch (const std::exception& e) {
     // The batch's requests cannot continue; the others keep their state and run next step.
@@ -462,8 +464,14 @@ void Engine::Impl::post_process(const ScheduledChunk& c, const ops::SampledToken
   }
 }
 
-Engine::Engine(model::Model& model, ops::Backend& backend, EngineConfig config)
-    : impl_(std::make_unique<Impl>(model, backend, std::move(config))) {}
+Engine::Engine(model::Model& model, ops::Backend& backend, EngineConfig config) {
+  auto one = std::make_unique<ModelRanks>(model, backend);
+  ModelRanks& ranks = *one;
+  impl_ = std::make_unique<Impl>(std::move(one), ranks, std::move(config));
+}
+
+Engine::Engine(ModelRanks& ranks, EngineConfig config)
+    : impl_(std::make_unique<Impl>(nullptr, ranks, std::move(config))) {}
 
 Engine::~Engine() = default;
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/ranks.h"
 #include "runtime/sampler.h"
 
 namespace tetra::runtime {
@@ -45,6 +46,10 @@ struct EngineConfig {
   // Tests only: the forward with this index (0-based, counting failed ones) throws, as a device
   // fault would; -1 never. `tetra serve` reads it from TETRA_TESTING_FAIL_STEP.
   int64_t testing_fail_step = -1;
+  // Tests only: with several ranks, that fault is thrown on this rank's thread inside the
+  // step, while the others wait for it in a collective; -1: on the engine thread, before it.
+  // `tetra serve` reads it from TETRA_TESTING_FAIL_RANK.
+  int testing_fail_rank = -1;
   // Tests only: decode steps are padded to the graph batch sizes as a replay pads them, but
   // run eagerly, on any backend (what a replay must match).
   bool testing_eager_decode_graphs = false;
@@ -106,6 +111,10 @@ struct EngineStats {
 class Engine {
  public:
   Engine(model::Model& model, ops::Backend& backend, EngineConfig config);
+  // Over a model's ranks (--tp/--ep), which outlive the engine: every step runs on all of
+  // them; rank 0's logits are sampled. With several ranks a failed step is the end of the
+  // group (its communicators stay aborted): every later step fails too.
+  Engine(ModelRanks& ranks, EngineConfig config);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -2,29 +2,29 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <span>
 
 #include "runtime/kv_cache.h"
-#include "runtime/step_runner.h"
 
 namespace tetra::runtime {
 namespace {
 
 // Logits F32 [T, vocab] (on the host) of every position of one fresh sequence.
-std::vector<float> window_logits(model::Model& model, ops::Backend& backend,
-                                 std::span<const int32_t> tokens, int block_size) {
+std::vector<float> window_logits(ModelRanks& ranks, std::span<const int32_t> tokens, int block_size) {
+  model::Model& model = ranks.model();
+  ops::Backend& backend = ranks.backend();
   const int64_t n = int64_t(tokens.size());
   const int64_t vocab = model.config().vocab_size;
   const int64_t n_blocks = (n + block_size - 1) / block_size;
-  KvCache cache(backend, model.kv_layout(), block_size, n_blocks);
+  RankCaches cache(ranks, block_size, n_blocks);
   std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
   for (int64_t b = 0; b < n_blocks; ++b) blocks[size_t(b)] = int32_t(b);
-  StepRunner runner(model, backend, block_size,
-                    {.max_tokens = n, .max_seqs = 1, .max_blocks_per_seq = n_blocks});
+  RankSteps steps(ranks, block_size, {.max_tokens = n, .max_seqs = 1, .max_blocks_per_seq = n_blocks});
   auto logits_buf = backend.alloc(DType::F32, {n, vocab});
   // Every row's logits, not only the last one's.
-  runner.forward({SeqChunk{.tokens = tokens, .start_position = 0, .blocks = blocks, .every_logit = true}},
-                 cache.layers(), logits_buf->view());
+  steps.forward({SeqChunk{.tokens = tokens, .start_position = 0, .blocks = blocks, .every_logit = true}}, cache,
+                logits_buf->view());
   std::vector<float> logits(static_cast<size_t>(n * vocab));
   backend.copy_to_host(logits.data(), logits_buf->view());
   return logits;
@@ -49,6 +49,16 @@ int64_t argmax(const std::vector<double>& v) {
 
 EvalResult evaluate(model::Model& model, model::Model* ref, ops::Backend& backend,
                     const std::vector<int32_t>& tokens, const EvalOptions& options) {
+  ModelRanks ranks(model, backend);
+  std::optional<ModelRanks> ref_ranks;
+  if (ref) ref_ranks.emplace(*ref, backend);
+  return evaluate(ranks, ref_ranks ? &*ref_ranks : nullptr, tokens, options);
+}
+
+EvalResult evaluate(ModelRanks& model_ranks, ModelRanks* ref_ranks, const std::vector<int32_t>& tokens,
+                    const EvalOptions& options) {
+  const model::Model& model = model_ranks.model();
+  const model::Model* ref = ref_ranks ? &ref_ranks->model() : nullptr;
   const ModelConfig& c = model.config();
   const int64_t vocab = c.vocab_size;
   TETRA_CHECK(!ref || ref->config().vocab_size == vocab, "the reference model's vocabulary (",
@@ -72,9 +82,9 @@ EvalResult evaluate(model::Model& model, model::Model* ref, ops::Backend& backen
     const int64_t len = std::min(window, n - w0);
     if (len < 2) break;
     const std::span<const int32_t> win(tokens.data() + w0, size_t(len));
-    const std::vector<float> logits = window_logits(model, backend, win, options.block_size);
+    const std::vector<float> logits = window_logits(model_ranks, win, options.block_size);
     std::vector<float> ref_logits;
-    if (ref) ref_logits = window_logits(*ref, backend, win, options.block_size);
+    if (ref) ref_logits = window_logits(*ref_ranks, win, options.block_size);
     // Row i predicts token i + 1.
     for (int64_t i = 0; i + 1 < len; ++i) {
       const int32_t next = win[size_t(i + 1)];

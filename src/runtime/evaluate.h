@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/ranks.h"
 
 namespace tetra::runtime {
 
@@ -39,5 +40,8 @@ struct EvalResult {
 // the vocabularies differ.
 EvalResult evaluate(model::Model& model, model::Model* ref, ops::Backend& backend,
                     const std::vector<int32_t>& tokens, const EvalOptions& options);
+// The same with each model on its ranks (--tp/--ep).
+EvalResult evaluate(ModelRanks& model, ModelRanks* ref, const std::vector<int32_t>& tokens,
+                    const EvalOptions& options);
 
 }  // namespace tetra::runtime

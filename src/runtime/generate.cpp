@@ -6,7 +6,6 @@
 
 #include "runtime/kv_cache.h"
 #include "runtime/sampler.h"
-#include "runtime/step_runner.h"
 
 namespace tetra::runtime {
 namespace {
@@ -35,17 +34,23 @@ void check_prompt(const ModelConfig& config, const std::vector<int32_t>& prompt,
 
 GenerateResult generate(model::Model& model, ops::Backend& backend,
                         const std::vector<int32_t>& prompt, const GenerateOptions& options) {
+  ModelRanks ranks(model, backend);
+  return generate(ranks, prompt, options);
+}
+
+GenerateResult generate(ModelRanks& ranks, const std::vector<int32_t>& prompt, const GenerateOptions& options) {
+  model::Model& model = ranks.model();
+  ops::Backend& backend = ranks.backend();
   const ModelConfig& config = model.config();
   check_prompt(config, prompt, options.max_new_tokens);
   const int64_t total = int64_t(prompt.size()) + options.max_new_tokens;
 
   const int bs = options.block_size;
   const int64_t n_blocks = (total + bs - 1) / bs;
-  KvCache cache(backend, model.kv_layout(), bs, n_blocks);
+  RankCaches cache(ranks, bs, n_blocks);
   std::vector<int32_t> blocks(static_cast<size_t>(n_blocks));
   for (int64_t b = 0; b < n_blocks; ++b) blocks[size_t(b)] = int32_t(b);
-  StepRunner runner(model, backend, bs, {.max_tokens = int64_t(prompt.size()), .max_seqs = 1,
-                                         .max_blocks_per_seq = n_blocks});
+  RankSteps steps(ranks, bs, {.max_tokens = int64_t(prompt.size()), .max_seqs = 1, .max_blocks_per_seq = n_blocks});
   BatchSampler sampler(backend, 1);
   auto logits_buf = backend.alloc(DType::F32, {1, config.vocab_size});
   std::vector<float> logits(static_cast<size_t>(config.vocab_size));
@@ -61,12 +66,12 @@ GenerateResult generate(model::Model& model, ops::Backend& backend,
     SeqChunk chunk{.tokens = std::span<const int32_t>(sequence).subspan(size_t(cached)),
                    .start_position = cached,
                    .blocks = blocks};
-    runner.forward({chunk}, cache.layers(), logits_buf->view());
+    steps.forward({chunk}, cache, logits_buf->view());
     const SampleRequest row{.params = options.sampling,
                             .seed = options.seed,
                             .position = int64_t(sequence.size()),
                             .generated_counts = counts};
-    const ops::SampledToken s = sampler.sample(runner.context(), logits_buf->view(), {&row, 1})[0];
+    const ops::SampledToken s = sampler.sample(steps.context(), logits_buf->view(), {&row, 1})[0];
     // The fingerprint covers every logit: the plain loop pays the copy, serving never does.
     backend.copy_to_host(logits.data(), logits_buf->view());
     if (cached == 0)

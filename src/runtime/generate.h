@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/ranks.h"
 #include "runtime/sampler.h"
 
 namespace tetra::runtime {
@@ -37,5 +38,7 @@ void check_prompt(const ModelConfig& config, const std::vector<int32_t>& prompt,
 
 GenerateResult generate(model::Model& model, ops::Backend& backend,
                         const std::vector<int32_t>& prompt, const GenerateOptions& options);
+// The same over a model's ranks (--tp/--ep): every rank steps, rank 0's logits are sampled.
+GenerateResult generate(ModelRanks& ranks, const std::vector<int32_t>& prompt, const GenerateOptions& options);
 
 }  // namespace tetra::runtime

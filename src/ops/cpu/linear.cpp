@@ -10,6 +10,7 @@ namespace tetra::ops::cpu {
 
 void decode_weight_row(const LinearWeight& w, int64_t row, float* out) {
   const int64_t k = w.n_in;
+  if (k == 0) return;  // a rank's empty part of a split layer (fewer NVFP4 blocks than ranks)
   switch (w.format) {
     case WeightFormat::Dense:
       for (int64_t i = 0; i < k; ++i) out[i] = load_f32(w.weight, row * k + i);

@@ -76,13 +76,14 @@ void route(TensorView logits, const RoutingSpec& spec, TensorView ids, TensorVie
 void moe_experts(ThreadPool* pool, TensorView x, TensorView ids, TensorView weights,
                  const CpuExperts& experts, TensorView out) {
   const int64_t n_tokens = x.dim(0), hidden = x.dim(1), k = ids.dim(1);
-  const int64_t n_experts = experts.n_experts();
+  const int64_t n_experts = experts.n_experts(), first = experts.first_expert();
   // Group the batch's tokens by expert, so each expert's weights are decoded once per step.
+  // Under expert parallelism the ids of other ranks' experts are skipped.
   std::vector<std::vector<int64_t>> slots(static_cast<size_t>(n_experts));  // (token * k + j) per expert
   for (int64_t i = 0; i < n_tokens * k; ++i) {
     const int32_t e = ids.as<const int32_t>()[i];
-    TETRA_CHECK(e >= 0 && e < n_experts, "moe: expert id ", e, " is outside 0..", n_experts - 1);
-    slots[size_t(e)].push_back(i);
+    TETRA_CHECK(e >= 0, "moe: expert id ", e, " is negative");
+    if (e >= first && e < first + n_experts) slots[size_t(e - first)].push_back(i);
   }
   // Every (token, choice) gets its own output row; they are summed in expert order below,
   // which is the order transformers accumulates them in.
@@ -108,8 +109,11 @@ void moe_experts(ThreadPool* pool, TensorView x, TensorView ids, TensorView weig
     }
   }
   for (int64_t t = 0; t < n_tokens; ++t) {
-    std::vector<std::pair<int32_t, int64_t>> order;  // (expert, choice) of this token
-    for (int64_t j = 0; j < k; ++j) order.emplace_back(ids.as<const int32_t>()[t * k + j], j);
+    std::vector<std::pair<int32_t, int64_t>> order;  // (expert, choice) of this token, ours only
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids.as<const int32_t>()[t * k + j];
+      if (e >= first && e < first + n_experts) order.emplace_back(e, j);
+    }
     std::sort(order.begin(), order.end());
     float* o = out.as<float>() + t * hidden;
     std::fill(o, o + hidden, 0.0f);

@@ -1,0 +1,143 @@
+#include "parallel/cpu_communicator.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace tetra::parallel {
+namespace {
+
+// What the ranks share: the buffers of the collective in progress and a reusable barrier.
+struct Shared {
+  explicit Shared(int n) : n_ranks(n), sources(size_t(n)) {}
+
+  // Waits until every rank has arrived; the last to arrive runs `last` first. Throws once
+  // the group is aborted, whether this rank was waiting or came late.
+  template <typename F>
+  void barrier(F&& last) {
+    std::unique_lock<std::mutex> lock(mu);
+    check_aborted();
+    const uint64_t gen = generation;
+    if (++arrived == n_ranks) {
+      try {
+        last();
+      } catch (const std::exception& e) {
+        abort_locked(e.what());  // the others are waiting here
+        throw;
+      }
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    cv.wait(lock, [&] { return generation != gen || aborted; });
+    if (generation == gen) check_aborted();
+  }
+  void barrier() { barrier([] {}); }
+
+  void abort_locked(const std::string& why) {
+    if (aborted) return;
+    aborted = true;
+    reason = why;
+    cv.notify_all();
+  }
+
+  void check_aborted() const {
+    if (aborted) fail("a collective was abandoned: ", reason);
+  }
+
+  const int n_ranks;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  bool aborted = false;
+  std::string reason;
+  // The collective in progress: each rank's input, its shape and dtype, and the result.
+  std::vector<TensorView> sources;
+  std::vector<float> sum;
+};
+
+class CpuCommunicator : public ops::Communicator {
+ public:
+  CpuCommunicator(std::shared_ptr<Shared> shared, int rank) : s_(std::move(shared)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return s_->n_ranks; }
+
+  void all_reduce_sum(const ops::Context&, TensorView x) override {
+    TETRA_CHECK(x.dtype == DType::F32 || x.dtype == DType::BF16, "all_reduce_sum: ", dtype_name(x.dtype),
+                " tensors are not summed (F32 or BF16)");
+    const int64_t n = x.numel();
+    s_->sources[size_t(rank_)] = x;
+    // Once every input is in place, one rank checks they agree and sizes the result.
+    s_->barrier([&] {
+      for (const TensorView& t : s_->sources)
+        TETRA_CHECK(t.numel() == n && t.dtype == x.dtype, "all_reduce_sum: the ranks' tensors differ (",
+                    t.shape.str(), " ", dtype_name(t.dtype), " against ", x.shape.str(), " ",
+                    dtype_name(x.dtype), ")");
+      s_->sum.resize(size_t(n));
+    });
+    // Each rank sums its share of the elements, always in rank order ...
+    const int ranks = s_->n_ranks;
+    const int64_t begin = n * rank_ / ranks, end = n * (rank_ + 1) / ranks;
+    for (int64_t i = begin; i < end; ++i) {
+      float acc = 0.0f;
+      for (int r = 0; r < ranks; ++r) acc += load(s_->sources[size_t(r)], i);
+      s_->sum[size_t(i)] = acc;
+    }
+    s_->barrier();
+    // ... then each copies the whole sum into its own tensor. The next collective's first
+    // barrier keeps `sum` until every rank has copied it.
+    if (x.dtype == DType::F32) {
+      std::memcpy(x.data, s_->sum.data(), size_t(n) * 4);
+    } else {
+      uint16_t* dst = x.as<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(s_->sum[size_t(i)]);
+    }
+  }
+
+  void all_gather(const ops::Context&, TensorView x, TensorView out) override {
+    const int ranks = s_->n_ranks;
+    TETRA_CHECK(out.dtype == x.dtype && out.numel() == x.numel() * ranks, "all_gather: out holds ",
+                out.numel(), " elements, not ", ranks, " x ", x.numel());
+    s_->sources[size_t(rank_)] = x;
+    s_->barrier([&] {
+      for (const TensorView& t : s_->sources)
+        TETRA_CHECK(t.nbytes() == x.nbytes(), "all_gather: the ranks' tensors differ in size");
+    });
+    for (int r = 0; r < ranks; ++r)
+      std::memcpy(static_cast<char*>(out.data) + r * x.nbytes(), s_->sources[size_t(r)].data,
+                  size_t(x.nbytes()));
+    s_->barrier();  // no rank's input changes until every rank has read it
+  }
+
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->abort_locked(reason);
+  }
+
+ private:
+  static float load(const TensorView& t, int64_t i) {
+    return t.dtype == DType::F32 ? t.as<const float>()[i] : bf16_to_f32(t.as<const uint16_t>()[i]);
+  }
+
+  std::shared_ptr<Shared> s_;
+  int rank_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<ops::Communicator>> make_cpu_communicators(int n_ranks) {
+  TETRA_CHECK(n_ranks >= 1, "a communicator needs at least one rank");
+  auto shared = std::make_shared<Shared>(n_ranks);
+  std::vector<std::unique_ptr<ops::Communicator>> comms;
+  for (int r = 0; r < n_ranks; ++r) comms.push_back(std::make_unique<CpuCommunicator>(shared, r));
+  return comms;
+}
+
+}  // namespace tetra::parallel

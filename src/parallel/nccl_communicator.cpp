@@ -1,0 +1,102 @@
+#include "parallel/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <mutex>
+#include <string>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace tetra::parallel {
+namespace {
+
+void check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) fail("NCCL ", what, " failed: ", ncclGetErrorString(r));
+}
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::I32: return ncclInt32;
+    case DType::U8: return ncclUint8;
+    default: fail("NCCL collectives take F32, BF16, F16, I32 or U8 tensors, not ", dtype_name(d));
+  }
+}
+
+class NcclCommunicator : public ops::Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device)
+      : comm_(comm), rank_(rank), size_(size), device_(device) {}
+  ~NcclCommunicator() override {
+    if (!aborted_) ncclCommDestroy(comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce_sum(const ops::Context& ctx, TensorView x) override {
+    TETRA_CHECK(x.dtype == DType::F32 || x.dtype == DType::BF16, "all_reduce_sum: ", dtype_name(x.dtype),
+                " tensors are not summed (F32 or BF16)");
+    std::lock_guard<std::mutex> lock(mu_);
+    enter(x);
+    // A ring (or tree) all-reduce leaves the same bits on every rank.
+    check(ncclAllReduce(x.data, x.data, size_t(x.numel()), nccl_type(x.dtype), ncclSum, comm_, stream(ctx)),
+          "all-reduce");
+  }
+
+  void all_gather(const ops::Context& ctx, TensorView x, TensorView out) override {
+    TETRA_CHECK(out.dtype == x.dtype && out.numel() == x.numel() * size_, "all_gather: out holds ", out.numel(),
+                " elements, not ", size_, " x ", x.numel());
+    std::lock_guard<std::mutex> lock(mu_);
+    enter(x);
+    check(ncclAllGather(x.data, out.data, size_t(x.numel()), nccl_type(x.dtype), comm_, stream(ctx)), "all-gather");
+  }
+
+  void abort(const std::string& reason) override {
+    // ncclCommAbort ends this rank's collectives still in flight (a kernel waiting for a
+    // peer that failed), so its thread's next wait on the stream returns with an error.
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    reason_ = reason;
+    ncclCommAbort(comm_);
+  }
+
+ private:
+  static cudaStream_t stream(const ops::Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+  void enter(const TensorView& x) {
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (aborted_) fail("a collective was abandoned: ", reason_);
+    }
+    TETRA_CHECK(x.device == Device::Cuda, "NCCL collectives take tensors on the GPU");
+    // The calling thread may have another device current; NCCL launches on the comm's.
+    if (cudaSetDevice(device_) != cudaSuccess) fail("cudaSetDevice(", device_, ") failed");
+  }
+
+  ncclComm_t comm_;
+  int rank_, size_, device_;
+  std::mutex mu_;        // one collective at a time on this rank
+  std::mutex abort_mu_;  // abort() comes from another rank's thread
+  bool aborted_ = false;
+  std::string reason_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<ops::Communicator>> make_nccl_communicators(const std::vector<int>& devices) {
+  const int n = int(devices.size());
+  TETRA_CHECK(n >= 1, "an NCCL communicator needs at least one GPU");
+  std::vector<ncclComm_t> comms(static_cast<size_t>(n));
+  check(ncclCommInitAll(comms.data(), n, devices.data()), "communicator setup (ncclCommInitAll)");
+  std::vector<std::unique_ptr<ops::Communicator>> out;
+  for (int r = 0; r < n; ++r) out.push_back(std::make_unique<NcclCommunicator>(comms[size_t(r)], r, n, devices[size_t(r)]));
+  return out;
+}
+
+}  // namespace tetra::parallel

@@ -1,0 +1,120 @@
+#include "runtime/ranks.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "parallel/cpu_communicator.h"
+
+namespace tetra::runtime {
+
+ModelRanks::ModelRanks(model::Model& model, ops::Backend& backend)
+    : backends_{&backend}, models_{&model} {}
+
+ModelRanks::ModelRanks(std::vector<std::unique_ptr<ops::Backend>> backends,
+                       std::vector<std::unique_ptr<model::Model>> models,
+                       std::vector<std::unique_ptr<ops::Communicator>> comms)
+    : own_backends_(std::move(backends)), own_models_(std::move(models)), comms_(std::move(comms)) {
+  TETRA_CHECK(!own_models_.empty() && own_models_.size() == own_backends_.size() &&
+                  (comms_.empty() ? own_models_.size() == 1 : comms_.size() == own_models_.size()),
+              "model ranks need a backend, a model and (with more than one) a communicator each");
+  for (auto& b : own_backends_) backends_.push_back(b.get());
+  for (auto& m : own_models_) models_.push_back(m.get());
+  if (size() > 1)
+    threads_ = std::make_unique<parallel::RankThreads>(size(), [this](const std::string& reason) {
+      for (auto& c : comms_) c->abort(reason);
+    });
+}
+
+ModelRanks::~ModelRanks() {
+  threads_.reset();  // before the models the threads' last job may have touched
+}
+
+void ModelRanks::run(const std::function<void(int)>& fn) {
+  if (!threads_) return fn(0);
+  threads_->run(fn);
+}
+
+ops::BackendOptions rank_backend_options(const ops::BackendOptions& backend, const parallel::Parallelism& p) {
+  parallel::check_parallelism(p);
+  const int n = p.world();
+  if (n == 1) return backend;
+  const bool cuda = backend.device == "cuda" || (backend.device == "auto" && ops::cuda_device_available());
+  TETRA_CHECK(!cuda, "--tp ", p.tp, " --ep ", p.ep, " runs on the CPU only so far (--device cpu): the GPUs' ",
+              "NCCL communicator is not built yet");
+  ops::BackendOptions each = backend;
+  each.device = "cpu";
+  if (each.n_threads == 0) each.n_threads = std::max(1, int(std::thread::hardware_concurrency()) / n);
+  return each;
+}
+
+std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const ops::BackendOptions& backend,
+                                       const parallel::Parallelism& p, const model::LoadOptions& options,
+                                       std::unique_ptr<ops::Backend> rank0) {
+  const ops::BackendOptions each = rank_backend_options(backend, p);
+  const int n = p.world();
+  std::vector<std::unique_ptr<ops::Backend>> backends;
+  std::vector<std::unique_ptr<model::Model>> models(static_cast<size_t>(n));
+  std::vector<std::unique_ptr<ops::Communicator>> comms;
+  backends.push_back(rank0 ? std::move(rank0) : ops::make_backend(each));
+  if (n == 1) {
+    models[0] = model::load_model(dir, *backends[0], options);
+    return std::make_unique<ModelRanks>(std::move(backends), std::move(models), std::move(comms));
+  }
+  for (int r = 1; r < n; ++r) backends.push_back(ops::make_backend(each));
+  comms = parallel::make_cpu_communicators(n);
+  // Every rank loads its shard at once; progress is rank 0's (the others' are alike).
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> loaders;
+  for (int r = 0; r < n; ++r)
+    loaders.emplace_back([&, r] {
+      try {
+        model::LoadOptions o = options;
+        o.shard = {.rank = r, .p = p};
+        if (r > 0) o.on_progress = nullptr;
+        models[size_t(r)] = model::load_model(dir, *backends[size_t(r)], o);
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : loaders) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return std::make_unique<ModelRanks>(std::move(backends), std::move(models), std::move(comms));
+}
+
+RankCaches::RankCaches(const ModelRanks& ranks, int block_size, int64_t n_blocks) {
+  for (int r = 0; r < ranks.size(); ++r)
+    caches_.push_back(std::make_unique<KvCache>(ranks.backend(r), ranks.model(r).kv_layout(), block_size, n_blocks));
+}
+
+RankSteps::RankSteps(ModelRanks& ranks, int block_size, StepCapacity capacity) : ranks_(ranks) {
+  for (int r = 0; r < ranks.size(); ++r) {
+    State s;
+    s.arena = std::make_unique<ops::Arena>(ranks.backend(r));
+    s.builder = std::make_unique<StepBuilder>(ranks.backend(r), block_size, capacity);
+    s.ctx = ranks.backend(r).context();
+    s.ctx.arena = s.arena.get();
+    s.ctx.comm = ranks.comm(r);
+    ranks_state_.push_back(std::move(s));
+  }
+}
+
+RankSteps::~RankSteps() = default;
+
+void RankSteps::freeze() {
+  for (auto& s : ranks_state_) s.arena->freeze();
+}
+
+void RankSteps::forward(const std::vector<SeqChunk>& chunks, const RankCaches& caches, TensorView logits,
+                        const std::function<void(model::StepInputs&)>& prepare, int fail_rank) {
+  ranks_.run([&](int r) {
+    State& s = ranks_state_[size_t(r)];
+    if (r == fail_rank) fail("injected fault on rank ", r, " (TETRA_TESTING_FAIL_RANK)");
+    s.arena->reset();
+    model::StepInputs in = s.builder->build(s.ctx, chunks);
+    if (prepare) prepare(in);
+    ranks_.model(r).forward(s.ctx, in, caches.layers(r), r == 0 ? logits : TensorView{});
+  });
+}
+
+}  // namespace tetra::runtime

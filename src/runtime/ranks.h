@@ -1,0 +1,107 @@
+// The ranks one model runs on under --tp/--ep: a backend and a model shard each (what a rank
+// holds: parallel/sharding.h), joined by communicators, each driven by a thread of its own so
+// their forwards meet in the collectives. One rank is the plain case: the caller's model and
+// backend, run on the caller's thread, no communicator. The scheduler, the block manager and
+// the sampler stay single: every rank runs the same step over the same block tables, and the
+// tokens are sampled from rank 0's logits.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "model/model.h"
+#include "ops/communicator.h"
+#include "ops/ops.h"
+#include "parallel/rank_threads.h"
+#include "parallel/sharding.h"
+#include "runtime/kv_cache.h"
+#include "runtime/step_builder.h"
+
+namespace tetra::runtime {
+
+class ModelRanks {
+ public:
+  // One rank: the caller's model and backend.
+  ModelRanks(model::Model& model, ops::Backend& backend);
+  // Rank i holds models[i] on backends[i] and talks through comms[i]; this object owns them.
+  ModelRanks(std::vector<std::unique_ptr<ops::Backend>> backends,
+             std::vector<std::unique_ptr<model::Model>> models,
+             std::vector<std::unique_ptr<ops::Communicator>> comms);
+  ~ModelRanks();
+
+  int size() const { return int(models_.size()); }
+  model::Model& model(int rank = 0) const { return *models_[size_t(rank)]; }
+  ops::Backend& backend(int rank = 0) const { return *backends_[size_t(rank)]; }
+  ops::Communicator* comm(int rank) const { return comms_.empty() ? nullptr : comms_[size_t(rank)].get(); }
+
+  // fn(rank) on every rank at once (rank 0 on this thread); returns when all have. A rank
+  // that throws aborts the communicators, so a rank waiting in a collective throws too and
+  // none hangs; the first failure is rethrown here. Once aborted, every later collective
+  // throws: a failed rank is the end of the group.
+  void run(const std::function<void(int rank)>& fn);
+
+ private:
+  std::vector<std::unique_ptr<ops::Backend>> own_backends_;
+  std::vector<std::unique_ptr<model::Model>> own_models_;
+  std::vector<std::unique_ptr<ops::Communicator>> comms_;
+  std::vector<ops::Backend*> backends_;
+  std::vector<model::Model*> models_;
+  std::unique_ptr<parallel::RankThreads> threads_;  // null with one rank
+};
+
+// The backend options of each of p.world() ranks: CPU threads shared out among them (where
+// not given). Only the CPU has a communicator yet: another device with more than one rank is
+// one sentence, thrown.
+ops::BackendOptions rank_backend_options(const ops::BackendOptions& backend, const parallel::Parallelism& p);
+
+// Loads `dir` on p.world() ranks, each its own backend (rank_backend_options; rank 0's may be
+// given, made earlier) holding its shard; the ranks load at once.
+std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const ops::BackendOptions& backend,
+                                       const parallel::Parallelism& p, const model::LoadOptions& options,
+                                       std::unique_ptr<ops::Backend> rank0 = nullptr);
+
+// The KV cache of every rank, each holding its own heads (MLA's latent whole on every rank),
+// one block numbering for all.
+class RankCaches {
+ public:
+  RankCaches(const ModelRanks& ranks, int block_size, int64_t n_blocks);
+  int block_size() const { return caches_.front()->block_size(); }
+  int64_t n_blocks() const { return caches_.front()->n_blocks(); }
+  const std::vector<ops::KvCacheLayer>& layers(int rank = 0) const { return caches_[size_t(rank)]->layers(); }
+
+ private:
+  std::vector<std::unique_ptr<KvCache>> caches_;
+};
+
+// Each rank's step arena, step builder and context (carrying its arena and communicator).
+class RankSteps {
+ public:
+  RankSteps(ModelRanks& ranks, int block_size, StepCapacity capacity);
+  ~RankSteps();
+
+  ops::Arena& arena(int rank = 0) { return *ranks_state_[size_t(rank)].arena; }
+  const ops::Context& context(int rank = 0) const { return ranks_state_[size_t(rank)].ctx; }
+  StepBuilder& builder(int rank = 0) { return *ranks_state_[size_t(rank)].builder; }
+  void freeze();  // every rank's arena
+
+  // Every rank's forward over the same chunks (arenas reset first); rank 0 writes the logits
+  // (on its device), the others none. `prepare` may adjust a rank's inputs before its
+  // forward (the measuring pass plans for the longest context). fail_rank >= 0 (tests only):
+  // that rank throws instead of running its forward, while the others wait for it in their
+  // first collective.
+  void forward(const std::vector<SeqChunk>& chunks, const RankCaches& caches, TensorView logits,
+               const std::function<void(model::StepInputs&)>& prepare = {}, int fail_rank = -1);
+
+ private:
+  struct State {
+    std::unique_ptr<ops::Arena> arena;
+    std::unique_ptr<StepBuilder> builder;
+    ops::Context ctx;
+  };
+  ModelRanks& ranks_;
+  std::vector<State> ranks_state_;
+};
+
+}  // namespace tetra::runtime

@@ -1,0 +1,103 @@
+// The serving engine over several ranks (--tp/--ep on the CPU): batched, chunked and
+// preempted requests get the tokens one rank gives them, and a rank that fails mid-step ends
+// the step (and every later one) with an error instead of leaving the others waiting.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+
+#include "engine_test_util.h"
+#include "runtime/ranks.h"
+
+namespace tetra {
+namespace {
+
+using runtime::Engine;
+using runtime::EngineConfig;
+using runtime::FinishReason;
+using testing::Collector;
+
+std::unique_ptr<runtime::ModelRanks> ranks(int tp, int ep) {
+  return runtime::load_ranks(testing::tiny_model_dir(), {.device = "cpu", .n_threads = 1}, {tp, ep}, {});
+}
+
+std::vector<runtime::RequestParams> requests(int64_t vocab) {
+  std::mt19937 rng(3);
+  std::vector<runtime::RequestParams> out;
+  for (int i = 0; i < 12; ++i)
+    out.push_back(testing::greedy(testing::random_prompt(rng, 1 + (i * 7 + 3) % 40, vocab), 3 + (i * 5) % 12));
+  return out;
+}
+
+// Staggered arrivals under a small prefill budget, a running cap and a KV pool small enough
+// to preempt: every request's tokens and log-probs against one rank's.
+std::vector<testing::Collected> serve(runtime::ModelRanks& r, const std::vector<runtime::RequestParams>& reqs,
+                                      runtime::EngineStats* stats) {
+  EngineConfig c = testing::small_config();
+  c.block_size = 4;
+  c.kv_blocks = 16;  // the longest request needs 13 blocks; four at once cannot fit
+  c.chunked_prefill_size = 9;
+  c.max_running_requests = 4;
+  Engine engine(r, c);
+  Collector out;
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ids.push_back(testing::submit_ok(engine, reqs[i], out));
+    if (i % 2) engine.step();
+  }
+  testing::drain(engine);
+  *stats = engine.stats();
+  std::vector<testing::Collected> got;
+  for (uint64_t id : ids) got.push_back(out.by_id[id]);
+  return got;
+}
+
+TEST(EngineParallel, RanksServeTheTokensOneRankServes) {
+  auto one = ranks(1, 1);
+  const auto reqs = requests(one->model().config().vocab_size);
+  runtime::EngineStats s1;
+  const auto want = serve(*one, reqs, &s1);
+  for (auto [tp, ep] : {std::pair{2, 2}, {2, 1}, {1, 2}}) {
+    auto split = ranks(tp, ep);
+    runtime::EngineStats s;
+    const auto got = serve(*split, reqs, &s);
+    EXPECT_GT(s.preemptions, 0) << "the KV pool was meant to preempt";
+    EXPECT_EQ(s.kv_blocks_used, 0);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const std::string what = str_cat("tp ", tp, " ep ", ep, " request ", i);
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << what;
+      ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what;
+      for (size_t t = 0; t < want[i].logprobs.size(); ++t)
+        EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-4) << what << " token " << t;
+      EXPECT_EQ(got[i].finish, FinishReason::Length) << what;
+    }
+  }
+}
+
+TEST(EngineParallel, ARankThatFailsEndsTheStepAndTheGroupWithoutHanging) {
+  auto split = ranks(2, 2);
+  EngineConfig c = testing::small_config();
+  c.testing_fail_step = 1;
+  c.testing_fail_rank = 1;
+  Engine engine(*split, c);
+  Collector out;
+  const auto reqs = requests(split->model().config().vocab_size);
+  const uint64_t a = testing::submit_ok(engine, reqs[0], out);
+  // The engine's steps run on a thread of their own, so a hang fails the test instead of
+  // stopping it.
+  auto done = std::async(std::launch::async, [&] { testing::drain(engine); });
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the ranks hung";
+  done.get();
+  EXPECT_EQ(out.by_id[a].finish, FinishReason::Error);
+  EXPECT_EQ(engine.stats().failed_steps, 1);
+  // The group stays aborted: the next request fails at once too.
+  const uint64_t b = testing::submit_ok(engine, reqs[1], out);
+  auto again = std::async(std::launch::async, [&] { testing::drain(engine); });
+  ASSERT_EQ(again.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the ranks hung";
+  again.get();
+  EXPECT_EQ(out.by_id[b].finish, FinishReason::Error);
+  EXPECT_EQ(engine.stats().failed_steps, 2);
+}
+
+}  // namespace
+}  // namespace tetra
