@@ -674,6 +674,8 @@ TEST_F(BackendParity, DsaSelectAboveAndBelowTopK) {
   dsa_case(*this, {{32767, 1}}, 32, 128, 2048, 64, false, "decode at 32k");
   dsa_case(*this, {{60, 80}}, 8, 32, 16, 16, false, "prefill, top 16 of up to 140 keys");
   dsa_case(*this, {{3000, 1}}, 4, 64, 100, 16, true, "3,001 equal keys: the first 100");
+  dsa_case(*this, {{39999, 1}}, 4, 64, 100, 64, true, "40,000 equal keys over 3 slices: the first 100");
+  dsa_case(*this, {{131071, 1}}, 32, 128, 2048, 64, false, "GLM-5 decode at 128k (8 slices)");
   dsa_case(*this, {{20, 3}, {0, 2}}, 8, 32, 4, 7, false, "tiny fixture shape, block size 7");
 }
 

@@ -12,8 +12,9 @@
 // output) in the workspace for combine_kernel, as flash-decoding does.
 //
 // The DSA select: a scores kernel (a thread per key, the token's queries in shared memory)
-// writes each token's scores to the workspace, then one block per token finds the top_k by a
-// radix select on the scores' order-preserving bit patterns and writes the winners in
+// writes each token's scores to the workspace; then a radix select on the scores'
+// order-preserving bit patterns in two stages: a block per slice of 16,384 keys keeps the
+// slice's top_k, and a block per token takes the top_k of those survivors, written in
 // ascending position order.
 #include "ops/cuda/attention_mla.h"
 
@@ -62,6 +63,8 @@ namespace tiled {
 constexpr int kRank = 512, kRope = 64, kWidth = kRank + kRope;
 constexpr int kDimWarps = 4, kRowGroups = 2, kWarps = kDimWarps * kRowGroups, kThreads = 32 * kWarps;
 constexpr int kRows = 16 * kRowGroups, kKeys = 64, kStages = 2, kSlotBuffers = 3;
+// A split of fewer keys would cost more in its partial results and their merge than it saves.
+constexpr int kMinSplitKeys = 4 * kKeys;
 constexpr int kStride = kWidth + 8;             // a 16-byte skew: ldmatrix rows in 8 bank groups
 constexpr int kChunks = kWidth / 8;             // 16-byte chunks of a row
 constexpr int kScoreSteps = kWidth / 16 / kDimWarps;  // 16-dim k-steps of the scores per warp
@@ -165,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
       tile_last = a.p.positions[w.token_begin + last_row / H];  // rows are token-major: the last is the latest
     }
     const int n_keys = min(tile_last + 1, w.by_token ? a.p.top_k : a.key_cap);
-    const int per_split = max(kKeys, (n_keys + a.n_splits * kKeys - 1) / (a.n_splits * kKeys) * kKeys);
+    const int per_split = max(kMinSplitKeys, (n_keys + a.n_splits * kKeys - 1) / (a.n_splits * kKeys) * kKeys);
     w.key_begin = w.split * per_split;
     w.key_end = w.split == a.n_splits - 1 ? n_keys : min(n_keys, w.key_begin + per_split);
     const int n_tiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + kKeys - 1) / kKeys : 0;
@@ -312,24 +315,33 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
 // ---- split combine ----
 
 constexpr int kCombineThreads = 128;
+constexpr int kMaxSplits = 1024;
 
 // One block per (token, head): out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i over the
-// splits with a key, in split order.
+// splits with a key, in split order. The splits' weights are found once, in shared memory.
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const MlaArgs a) {
+  __shared__ float weight[kMaxSplits];
+  __shared__ float s_inv;
   const int64_t out_row = blockIdx.x;
-  const int rank = a.p.rank;
-  const float2* ml = a.partial_ml + out_row * a.n_splits;
-  float m_max = -INFINITY;
-  for (int i = 0; i < a.n_splits; ++i) m_max = fmaxf(m_max, ml[i].x);
-  float l_sum = 0.0f;
-  for (int i = 0; i < a.n_splits; ++i)
-    if (ml[i].x != -INFINITY) l_sum += exp2_approx(ml[i].x - m_max) * ml[i].y;
-  const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+  const int rank = a.p.rank, n = a.n_splits;
+  const float2* ml = a.partial_ml + out_row * n;
+  if (threadIdx.x == 0) {
+    float m_max = -INFINITY;
+    for (int i = 0; i < n; ++i) m_max = fmaxf(m_max, ml[i].x);
+    float l_sum = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      weight[i] = ml[i].x == -INFINITY ? 0.0f : exp2_approx(ml[i].x - m_max);  // no key: nothing
+      l_sum += weight[i] * ml[i].y;
+    }
+    s_inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+  }
+  __syncthreads();
+  const float* acc = a.partial_acc + out_row * n * rank;
   for (int d = int(threadIdx.x); d < rank; d += kCombineThreads) {
     float o = 0.0f;
-    for (int i = 0; i < a.n_splits; ++i)
-      if (ml[i].x != -INFINITY) o += exp2_approx(ml[i].x - m_max) * a.partial_acc[(out_row * a.n_splits + i) * rank + d];
-    a.p.out[out_row * rank + d] = to_bf16(o * inv);
+#pragma unroll 4
+    for (int i = 0; i < n; ++i) o += weight[i] * acc[int64_t(i) * rank + d];
+    a.p.out[out_row * rank + d] = to_bf16(o * s_inv);
   }
 }
 
@@ -389,7 +401,7 @@ __global__ void __launch_bounds__(kFallbackWarps * 32) mla_fallback_kernel(const
 
 // ---- MLA host ----
 
-constexpr int kTargetBlocksPerSm = 2;
+constexpr int kTargetBlocksPerSm = 1;  // a tiled block takes a whole SM
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -431,7 +443,7 @@ MlaAttentionPlan make_plan(const MlaAttentionParams& p, int sm_count) {
   const int64_t target = int64_t(kTargetBlocksPerSm) * sm_count;
   const int64_t cap = p.selected ? p.top_k : int64_t(p.max_blocks_per_seq) * p.block_size;
   const int64_t wanted = work >= target ? 1 : ceil_div(target, work);
-  plan.n_splits = int(std::max<int64_t>(1, std::min(wanted, ceil_div(cap, tiled::kKeys))));
+  plan.n_splits = int(std::clamp<int64_t>(std::min(wanted, ceil_div(cap, tiled::kMinSplitKeys)), 1, kMaxSplits));
   return plan;
 }
 
@@ -448,13 +460,18 @@ int64_t workspace_bytes(const MlaAttentionParams& p, const MlaAttentionPlan& pla
 constexpr int kScoreThreads = 256;  // keys per scores block
 constexpr int kMaxIndexHeads = 64;
 constexpr int kSelectThreads = 1024;
-constexpr int64_t kScoreWorkspaceBytes = int64_t(64) << 20;  // scores of one group of tokens
+constexpr int kSliceKeys = 16384;  // keys a stage-1 block selects among
+constexpr int64_t kScoreWorkspaceBytes = int64_t(64) << 20;  // scores and survivors of one group of tokens
 
 struct DsaArgs {
   DsaSelectParams p;
   int key_cap;       // max_blocks_per_seq * block_size: the longest row of scores
   int token0;        // the group's first token
   float* scores;     // [group tokens, key_cap]
+  // Stage 1's survivors, [group tokens, slices, top_k] each, and how many per slice.
+  float* survivor_score;
+  int32_t* survivor_pos;
+  int32_t* survivor_count;
 };
 
 // A thread per key: its index key in registers, 8 dims at a time, against every head's query
@@ -511,37 +528,58 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 
-// One block per token: the top_k of its scores. Radix select, 8 bits a pass from the top,
-// finds the top_k-th largest key; then the keys above it and the first of its ties (lowest
-// positions) are written in position order, found by a block-wide scan.
-__global__ void __launch_bounds__(kSelectThreads) dsa_topk_kernel(const DsaArgs a) {
+// Stage 1 reads a slice of a token's scores; stage 2 the slices' survivors, slice c's
+// count[c] of them at c * top_k: in both, index order is position order.
+struct ScoreSlice {
+  const float* scores;
+  int begin, end;
+  __device__ int size() const { return end - begin; }
+  __device__ bool get(int i, float& score, int32_t& pos) const {
+    score = scores[begin + i];
+    pos = begin + i;
+    return true;
+  }
+};
+struct Survivors {
+  const float* scores;
+  const int32_t* positions;
+  const int32_t* counts;
+  int top_k, n_slices;
+  __device__ int size() const { return n_slices * top_k; }
+  __device__ bool get(int i, float& score, int32_t& pos) const {
+    if (i % top_k >= counts[i / top_k]) return false;
+    score = scores[i];
+    pos = positions[i];
+    return true;
+  }
+};
+
+// The block's top_k of `src` (score first, then the lower position), written in index order:
+// positions to out_pos, scores to out_score (when given); returns how many (all of them when
+// there are no more than top_k). A radix select, 8 bits a pass from the top, finds the top_k-th
+// largest key; then the keys above it and the first of its ties are written, placed by a
+// block-wide scan.
+template <class Src>
+__device__ int block_top_k(const Src& src, int top_k, int32_t* out_pos, float* out_score) {
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int histogram[256];
   __shared__ uint32_t s_prefix;
   __shared__ int s_remaining, s_chunk_total;
-  const DsaSelectParams& p = a.p;
-  const int token = a.token0 + int(blockIdx.x);
-  const int n_keys = min(p.positions[token] + 1, a.key_cap);
-  const float* scores = a.scores + int64_t(blockIdx.x) * a.key_cap;
-  int32_t* out = p.selected + int64_t(token) * p.top_k;
-  const int tid = int(threadIdx.x);
-  if (n_keys <= p.top_k) {  // every key, then -1s
-    for (int j = tid; j < p.top_k; j += kSelectThreads) out[j] = j < n_keys ? j : -1;
-    return;
-  }
-  // The threshold: after the passes, s_prefix is the top_k-th largest key and s_remaining
-  // how many of the keys equal to it belong to the top_k.
+  const int tid = int(threadIdx.x), n = src.size();
   uint32_t prefix = 0, mask = 0;
-  if (tid == 0) s_remaining = p.top_k;
+  if (tid == 0) s_remaining = top_k;
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += kSelectThreads) histogram[i] = 0;
     __syncthreads();
     // Scores bunch in a few top bytes, and every thread adding 1 to the same bin serializes:
     // a thread counts a run of its keys with one digit and adds the run once.
     int run_digit = -1, run = 0;
-    for (int j = tid; j < n_keys; j += kSelectThreads) {
-      const uint32_t k = order_key(scores[j]);
+    for (int j = tid; j < n; j += kSelectThreads) {
+      float score;
+      int32_t pos;
+      if (!src.get(j, score, pos)) continue;
+      const uint32_t k = order_key(score);
       if ((k & mask) != prefix) continue;
       const int digit = int((k >> shift) & 0xff);
       if (digit == run_digit) {
@@ -554,7 +592,7 @@ __global__ void __launch_bounds__(kSelectThreads) dsa_topk_kernel(const DsaArgs 
     }
     if (run > 0) atomicAdd(&histogram[run_digit], run);
     __syncthreads();
-    if (tid == 0) {
+    if (tid == 0) {  // fewer keys than top_k end on digit 0 with some still wanted: all are taken
       int remaining = s_remaining, digit = 255;
       for (; digit > 0 && histogram[digit] < remaining; --digit) remaining -= histogram[digit];
       s_remaining = remaining;
@@ -566,20 +604,23 @@ __global__ void __launch_bounds__(kSelectThreads) dsa_topk_kernel(const DsaArgs 
   }
   const uint32_t threshold = prefix;
   const int ties_wanted = s_remaining;
-  // Keys above the threshold and the first ties_wanted equal to it, in position order. The
-  // scan counts both in one int: above in the low 16 bits, ties in the high ones.
+  // The scan counts both kinds in one int: above in the low 16 bits, ties in the high ones.
   int written = 0, ties_seen = 0;
-  for (int base = 0; base < n_keys; base += kSelectThreads) {
+  for (int base = 0; base < n; base += kSelectThreads) {
     const int j = base + tid;
-    const uint32_t k = j < n_keys ? order_key(scores[j]) : 0;
-    const int above = j < n_keys && k > threshold, tie = j < n_keys && k == threshold;
+    float score = 0.0f;
+    int32_t pos = -1;
+    const bool valid = j < n && src.get(j, score, pos);
+    const uint32_t k = order_key(score);
+    const int above = valid && k > threshold, tie = valid && k == threshold;
     int before = 0, total = 0;
     Scan(scan_storage).ExclusiveSum(above | (tie << 16), before, total);
     const int ties_before = ties_seen + (before >> 16);
-    const bool take = above || (tie && ties_before < ties_wanted);
-    // The position in the output: everything taken before j in this chunk and earlier ones.
-    const int taken_before = written + (before & 0xffff) + min(before >> 16, max(0, ties_wanted - ties_seen));
-    if (take) out[taken_before] = j;
+    if (above || (tie && ties_before < ties_wanted)) {
+      const int at = written + (before & 0xffff) + min(before >> 16, max(0, ties_wanted - ties_seen));
+      out_pos[at] = pos;
+      if (out_score) out_score[at] = score;
+    }
     if (tid == 0) s_chunk_total = total;
     __syncthreads();
     const int chunk_total = s_chunk_total;
@@ -587,6 +628,31 @@ __global__ void __launch_bounds__(kSelectThreads) dsa_topk_kernel(const DsaArgs 
     ties_seen += chunk_total >> 16;
     __syncthreads();  // the scan storage and s_chunk_total are reused
   }
+  return written;
+}
+
+// Stage 1, a block per (slice of kSliceKeys keys, token): the slice's top_k survive. A token's
+// global top_k is among its slices' (a key beaten by top_k others in its slice is beaten by
+// them overall). Slices past the token's keys survive nothing.
+__global__ void __launch_bounds__(kSelectThreads) dsa_slice_top_k_kernel(const DsaArgs a) {
+  const int t = int(blockIdx.y), slice = int(blockIdx.x), n_slices = int(gridDim.x);
+  const int n_keys = min(a.p.positions[a.token0 + t] + 1, a.key_cap);
+  const int64_t row = int64_t(t) * n_slices + slice;
+  const ScoreSlice src{a.scores + int64_t(t) * a.key_cap, min(slice * kSliceKeys, n_keys),
+                       min((slice + 1) * kSliceKeys, n_keys)};
+  const int n = block_top_k(src, a.p.top_k, a.survivor_pos + row * a.p.top_k, a.survivor_score + row * a.p.top_k);
+  if (threadIdx.x == 0) a.survivor_count[row] = n;
+}
+
+// Stage 2, a block per token: the top_k of its slices' survivors, then -1s.
+__global__ void __launch_bounds__(kSelectThreads) dsa_final_top_k_kernel(const DsaArgs a, int n_slices) {
+  const int t = int(blockIdx.x), token = a.token0 + t;
+  const int64_t first = int64_t(t) * n_slices;
+  const Survivors src{a.survivor_score + first * a.p.top_k, a.survivor_pos + first * a.p.top_k,
+                      a.survivor_count + first, a.p.top_k, n_slices};
+  int32_t* out = a.p.selected + int64_t(token) * a.p.top_k;
+  const int n = block_top_k(src, a.p.top_k, out, nullptr);
+  for (int j = n + int(threadIdx.x); j < a.p.top_k; j += kSelectThreads) out[j] = -1;
 }
 
 }  // namespace
@@ -638,15 +704,27 @@ void mla_attention(cudaStream_t stream, const MlaAttentionParams& p, void* works
 }
 
 namespace {
-int dsa_group_tokens(const DsaSelectParams& p) {
-  const int64_t cap = int64_t(p.max_blocks_per_seq) * p.block_size;
-  return int(std::clamp<int64_t>(kScoreWorkspaceBytes / (cap * int64_t(sizeof(float))), 1, p.n_tokens));
+// What one token takes of the workspace: its scores, and its slices' survivors (score, position)
+// with their counts.
+struct DsaLayout {
+  int64_t cap, n_slices, token_bytes;
+  int group;  // tokens scored and selected at a time
+};
+
+DsaLayout dsa_layout(const DsaSelectParams& p) {
+  DsaLayout l;
+  l.cap = int64_t(p.max_blocks_per_seq) * p.block_size;
+  l.n_slices = ceil_div(l.cap, kSliceKeys);
+  l.token_bytes = ceil_div(l.cap * 4 + l.n_slices * (int64_t(p.top_k) * 8 + 4), 16) * 16;
+  l.group = int(std::clamp<int64_t>(kScoreWorkspaceBytes / l.token_bytes, 1, std::max(p.n_tokens, 1)));
+  return l;
 }
 }  // namespace
 
 int64_t dsa_select_workspace_bytes(const DsaSelectParams& p) {
   if (p.n_tokens == 0) return 0;
-  return int64_t(dsa_group_tokens(p)) * p.max_blocks_per_seq * p.block_size * int64_t(sizeof(float));
+  const DsaLayout l = dsa_layout(p);
+  return int64_t(l.group) * l.token_bytes;
 }
 
 void dsa_select(cudaStream_t stream, const DsaSelectParams& p, void* workspace, int64_t workspace_size) {
@@ -655,26 +733,33 @@ void dsa_select(cudaStream_t stream, const DsaSelectParams& p, void* workspace, 
               " index heads; the CUDA kernel takes 1..", kMaxIndexHeads);
   TETRA_CHECK(p.dim >= 8 && p.dim % 8 == 0 && aligned16(p.index_k),
               "dsa_select: index keys of ", p.dim, " values must be whole 16-byte rows");
-  TETRA_CHECK(p.top_k >= 1 && p.n_seqs >= 1 && p.block_size >= 1 && p.max_blocks_per_seq >= 1,
-              "dsa_select: top_k ", p.top_k, ", ", p.n_seqs, " sequences");
+  TETRA_CHECK(p.top_k >= 1 && p.top_k <= kSliceKeys && p.n_seqs >= 1 && p.block_size >= 1 &&
+                  p.max_blocks_per_seq >= 1,
+              "dsa_select: top_k ", p.top_k, " (at most ", kSliceKeys, "), ", p.n_seqs, " sequences");
   TETRA_CHECK(p.q && p.weights && p.index_k && p.selected && p.positions && p.seq_starts && p.block_tables,
               "dsa_select: a tensor pointer is null");
-  const int64_t cap = int64_t(p.max_blocks_per_seq) * p.block_size;
-  TETRA_CHECK(cap <= INT_MAX, "dsa_select: a context of ", cap, " keys is too long");
-  const int group = dsa_group_tokens(p);
-  TETRA_CHECK(workspace && workspace_size >= int64_t(group) * cap * int64_t(sizeof(float)),
-              "dsa_select: needs ", int64_t(group) * cap * int64_t(sizeof(float)), " bytes of workspace, got ",
-              workspace_size);
+  const DsaLayout l = dsa_layout(p);
+  TETRA_CHECK(l.cap <= INT_MAX && l.n_slices <= 65535, "dsa_select: a context of ", l.cap, " keys is too long");
+  const int64_t need = int64_t(l.group) * l.token_bytes;
+  TETRA_CHECK(workspace && workspace_size >= need && aligned16(workspace), "dsa_select: needs ", need,
+              " bytes of 16-byte aligned workspace, got ", workspace_size);
   const int smem = (p.n_heads * p.dim + p.n_heads) * int(sizeof(float));
   TETRA_CHECK(smem <= 48 * 1024, "dsa_select: ", p.n_heads, " heads of ", p.dim, " values do not fit shared memory");
-  DsaArgs a{p, int(cap), 0, static_cast<float*>(workspace)};
-  for (int t0 = 0; t0 < p.n_tokens; t0 += group) {
-    const int n = std::min(group, p.n_tokens - t0);
+  // The group's scores, then its survivors: scores, positions, counts.
+  auto* base = static_cast<uint8_t*>(workspace);
+  const int64_t survivors = int64_t(l.group) * l.n_slices * p.top_k;
+  DsaArgs a{p, int(l.cap), 0, reinterpret_cast<float*>(base), nullptr, nullptr, nullptr};
+  a.survivor_score = reinterpret_cast<float*>(base + int64_t(l.group) * l.cap * 4);
+  a.survivor_pos = reinterpret_cast<int32_t*>(a.survivor_score + survivors);
+  a.survivor_count = a.survivor_pos + survivors;
+  for (int t0 = 0; t0 < p.n_tokens; t0 += l.group) {
+    const int n = std::min(l.group, p.n_tokens - t0);
     a.token0 = t0;
-    const dim3 grid(unsigned(ceil_div(cap, kScoreThreads)), unsigned(n));
-    dsa_scores_kernel<<<grid, kScoreThreads, smem, stream>>>(a);
+    dsa_scores_kernel<<<dim3(unsigned(ceil_div(l.cap, kScoreThreads)), unsigned(n)), kScoreThreads, smem, stream>>>(a);
     TETRA_CUDA_CHECK_LAUNCH("dsa_select scores");
-    dsa_topk_kernel<<<unsigned(n), kSelectThreads, 0, stream>>>(a);
+    dsa_slice_top_k_kernel<<<dim3(unsigned(l.n_slices), unsigned(n)), kSelectThreads, 0, stream>>>(a);
+    TETRA_CUDA_CHECK_LAUNCH("dsa_select slice top-k");
+    dsa_final_top_k_kernel<<<unsigned(n), kSelectThreads, 0, stream>>>(a, int(l.n_slices));
     TETRA_CUDA_CHECK_LAUNCH("dsa_select top-k");
   }
 }
