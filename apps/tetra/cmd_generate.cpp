@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <cstdio>
 #include <filesystem>
@@ -55,7 +56,7 @@ int cmd_generate(int argc, char** argv) {
   std::string model_dir, prompt, prompt_ids;
   DeviceFlags dev;
   int max_new_tokens = 16;
-  float temperature = 0.0f, top_p = 1.0f;
+  float temperature = 0.0f, top_p = 1.0f, repetition_penalty = 1.0f;
   int top_k = 0;
   uint64_t seed = 0;
   bool json = false, ignore_eos = false;
@@ -67,6 +68,9 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--temperature", temperature, "0 = greedy")->check(CLI::Range(0.0f, 2.0f));
   app.add_option("--top-p", top_p, "nucleus mass in (0, 1]")->check(CLI::Range(1e-6f, 1.0f));
   app.add_option("--top-k", top_k, "0 = all tokens")->check(CLI::NonNegativeNumber);
+  app.add_option("--repetition-penalty", repetition_penalty,
+                 "above 1 discourages the prompt's and the output's tokens; 1 = off")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "sampling seed");
   add_device_flags(app, dev);
   app.add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-sequence tokens");
@@ -77,6 +81,7 @@ int cmd_generate(int argc, char** argv) {
     return app.exit(e);
   }
   TETRA_CHECK(!prompt.empty() || !prompt_ids.empty(), "give a prompt with --prompt or --prompt-ids");
+  TETRA_CHECK(std::isfinite(repetition_penalty), "--repetition-penalty must be a finite number above 0");
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
 
@@ -117,7 +122,10 @@ int cmd_generate(int argc, char** argv) {
   std::fprintf(stderr, "%s\nbackend: %s\n", describe_architecture(config).c_str(), backend->name().c_str());
 
   runtime::GenerateOptions gen{.max_new_tokens = max_new_tokens,
-                                .sampling = {.temperature = temperature, .top_p = top_p, .top_k = top_k},
+                                .sampling = {.temperature = temperature,
+                                             .top_p = top_p,
+                                             .top_k = top_k,
+                                             .repetition_penalty = repetition_penalty},
                                 .seed = seed,
                                 .ignore_eos = ignore_eos};
   const runtime::GenerateResult r = runtime::generate(*model, *backend, prompt_tokens, gen);
