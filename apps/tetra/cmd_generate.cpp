@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <cstdio>
 #include <filesystem>
@@ -56,7 +57,7 @@ int cmd_generate(int argc, char** argv) {
   std::string model_dir, prompt, prompt_ids, hf_overrides;
   DeviceFlags dev;
   int max_new_tokens = 16;
-  float temperature = 0.0f, top_p = 1.0f;
+  float temperature = 0.0f, top_p = 1.0f, repetition_penalty = 1.0f;
   int top_k = 0;
   uint64_t seed = 0;
   bool json = false, ignore_eos = false;
@@ -68,6 +69,9 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--temperature", temperature, "0 = greedy")->check(CLI::Range(0.0f, 2.0f));
   app.add_option("--top-p", top_p, "nucleus mass in (0, 1]")->check(CLI::Range(1e-6f, 1.0f));
   app.add_option("--top-k", top_k, "0 = all tokens")->check(CLI::NonNegativeNumber);
+  app.add_option("--repetition-penalty", repetition_penalty,
+                 "above 1 discourages the prompt's and the output's tokens; 1 = off")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "sampling seed");
   add_device_flags(app, dev);
   add_hf_overrides_flag(app, hf_overrides);
@@ -82,6 +86,7 @@ int cmd_generate(int argc, char** argv) {
   }
   TETRA_CHECK(!prompt.empty() || !prompt_ids.empty(), "give a prompt with --prompt or --prompt-ids");
   check_parallel_flags(par);
+  TETRA_CHECK(std::isfinite(repetition_penalty), "--repetition-penalty must be a finite number above 0");
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
 
@@ -125,7 +130,10 @@ int cmd_generate(int argc, char** argv) {
                ranks->size() > 1 ? str_cat(", ", ranks->size(), " ranks (--tp ", par.tp, " --ep ", par.ep, ")").c_str() : "");
 
   runtime::GenerateOptions gen{.max_new_tokens = max_new_tokens,
-                                .sampling = {.temperature = temperature, .top_p = top_p, .top_k = top_k},
+                                .sampling = {.temperature = temperature,
+                                             .top_p = top_p,
+                                             .top_k = top_k,
+                                             .repetition_penalty = repetition_penalty},
                                 .seed = seed,
                                 .ignore_eos = ignore_eos};
   const runtime::GenerateResult r = runtime::generate(*ranks, prompt_tokens, gen);

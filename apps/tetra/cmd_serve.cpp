@@ -87,15 +87,14 @@ server::SamplingDefaults sampling_defaults(const std::string& flag, const std::f
   if (g->temperature) d.temperature = float(*g->temperature), note("temperature", *g->temperature);
   if (g->top_p) d.top_p = float(*g->top_p), note("top_p", *g->top_p);
   if (g->top_k) d.top_k = int(*g->top_k), note("top_k", double(*g->top_k));
+  if (g->repetition_penalty)
+    d.repetition_penalty = float(*g->repetition_penalty), note("repetition_penalty", *g->repetition_penalty);
   const std::string source = (dir / "generation_config.json").string();
   if (!taken.empty())
     std::fprintf(stderr,
                  "tetra serve: sampling defaults from %s: %s (a request's own values win; "
                  "--generation-config vllm ignores them)\n",
                  source.c_str(), taken.c_str());
-  if (g->repetition_penalty && *g->repetition_penalty != 1.0)
-    std::fprintf(stderr, "tetra serve: %s sets repetition_penalty %g, which tetra does not implement; ignored\n",
-                 source.c_str(), *g->repetition_penalty);
   return d;
 }
 

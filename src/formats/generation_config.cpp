@@ -1,5 +1,7 @@
 #include "formats/generation_config.h"
 
+#include <limits>
+
 #include "core/error.h"
 #include "formats/json_fields.h"
 
@@ -34,8 +36,11 @@ GenerationConfig parse_generation_config(const json& j, const std::string& sourc
   if (g.top_k) r.check_range("top_k", *g.top_k, -1, 1 << 20);
   if (g.top_k && *g.top_k < 0) g.top_k = 0;  // -1 is vLLM's spelling of "all tokens"
   g.repetition_penalty = r.maybe_number("repetition_penalty");
-  if (g.repetition_penalty && !(*g.repetition_penalty > 0 && *g.repetition_penalty <= 100))
-    r.fail_field("repetition_penalty", str_cat("is ", *g.repetition_penalty, "; it must be in (0, 100]"));
+  const double penalty_max = double(std::numeric_limits<float>::max());
+  if (g.repetition_penalty && !(*g.repetition_penalty > 0 && *g.repetition_penalty <= penalty_max &&
+                                float(*g.repetition_penalty) > 0))
+    r.fail_field("repetition_penalty",
+                 str_cat("is ", *g.repetition_penalty, "; it must be greater than 0 (1 is off) and a finite 32-bit float"));
   return g;
 }
 

@@ -18,6 +18,7 @@
 //   query the device.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -158,13 +159,16 @@ struct SamplingRow {
   int32_t top_k = 0;           // 0: every token
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;  // > 0; 1: off
   int32_t n_top_logprobs = 0;  // 0 .. kMaxTopLogprobs alternatives reported
   int32_t penalty_begin = 0;   // this row's entries of the penalty lists
   int32_t penalty_count = 0;
+  int32_t pad = 0;             // seed starts 8-byte aligned, and no byte uploaded is unset
   uint64_t seed = 0;
   int64_t position = 0;        // the index in its sequence of the token being drawn
 };
-static_assert(sizeof(SamplingRow) == 48, "SamplingRow is uploaded as raw bytes");
+static_assert(sizeof(SamplingRow) == 56 && offsetof(SamplingRow, seed) % 8 == 0,
+              "SamplingRow is uploaded as raw bytes");
 
 inline constexpr int kMaxTopLogprobs = 20;
 
@@ -367,9 +371,10 @@ class Backend {
   // out [R, D] = x[rows[r]] for rows I32 [R].
   virtual void gather_rows(const Context& ctx, TensorView x, TensorView rows, TensorView out) = 0;
   // One token per row of logits F32 [R, V]: rows U8 [R * sizeof(SamplingRow)] (SamplingRow
-  // records), penalty_ids / penalty_counts I32 [P] (for each row, its generated tokens and
-  // how often each came, at [penalty_begin, penalty_begin + penalty_count)), out U8
-  // [R * sizeof(SampledToken)].
+  // records), penalty_ids / penalty_counts I32 [P] (for each row, at [penalty_begin,
+  // penalty_begin + penalty_count), the distinct tokens its penalties touch, each with how
+  // often it was generated: 0 for a token of the prompt alone, which only the repetition
+  // penalty reads), out U8 [R * sizeof(SampledToken)].
   virtual void sample(const Context& ctx, TensorView logits, TensorView rows,
                       TensorView penalty_ids, TensorView penalty_counts, TensorView out) = 0;
 };

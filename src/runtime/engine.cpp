@@ -307,6 +307,8 @@ SubmitResult Engine::Impl::validate(const RequestParams& p) const {
   if (s.top_k < 0) return invalid("top_k cannot be negative.");
   if (!std::isfinite(s.presence_penalty) || !std::isfinite(s.frequency_penalty))
     return invalid("presence_penalty and frequency_penalty must be finite numbers.");
+  if (!(std::isfinite(s.repetition_penalty) && s.repetition_penalty > 0))
+    return invalid("repetition_penalty must be a finite number greater than 0.");
 
   const int64_t n_prompt = int64_t(p.prompt.size()), context = max_context;
   if (p.max_new_tokens > context)
@@ -401,7 +403,8 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
                              .seed = r->params.seed,
                              .position = r->n_tokens(),
                              .top_logprobs = r->params.top_logprobs,
-                             .generated_counts = r->counts});
+                             .generated_counts = r->counts,
+                             .prompt_tokens = r->prompt_distinct});
   }
   // A step of prompt chunks that all end mid-prompt wants no logits: zero rows.
   const TensorView logits = logits_buf->view().rows(0, int64_t(sample_rows.size()));

@@ -60,6 +60,8 @@ GenerateResult generate(ModelRanks& ranks, const std::vector<int32_t>& prompt, c
   r.finish_reason = "length";
   std::vector<int32_t> sequence = prompt;
   TokenCounts counts;  // generated tokens, for the penalties
+  const std::vector<int32_t> prompt_distinct =
+      options.sampling.repetition_penalty != 1.0f ? distinct_tokens(prompt) : std::vector<int32_t>{};
   const auto t0 = std::chrono::steady_clock::now();
   int64_t cached = 0;  // tokens of `sequence` already written to the cache
   while (int64_t(r.token_ids.size()) < options.max_new_tokens) {
@@ -70,7 +72,8 @@ GenerateResult generate(ModelRanks& ranks, const std::vector<int32_t>& prompt, c
     const SampleRequest row{.params = options.sampling,
                             .seed = options.seed,
                             .position = int64_t(sequence.size()),
-                            .generated_counts = counts};
+                            .generated_counts = counts,
+                            .prompt_tokens = prompt_distinct};
     const ops::SampledToken s = sampler.sample(steps.context(), logits_buf->view(), {&row, 1})[0];
     // The fingerprint covers every logit: the plain loop pays the copy, serving never does.
     backend.copy_to_host(logits.data(), logits_buf->view());

@@ -25,6 +25,7 @@ struct Request {
       : id(id), arrival(arrival), params(std::move(params)), on_output(std::move(on_output)) {
     tokens = this->params.prompt;
     prompt_len = int64_t(tokens.size());
+    if (this->params.sampling.repetition_penalty != 1.0f) prompt_distinct = distinct_tokens(tokens);
   }
 
   int64_t n_tokens() const { return int64_t(tokens.size()); }
@@ -39,6 +40,8 @@ struct Request {
   // Each generated token with how often it came, by id (the penalties read it). Draws need
   // no other state: a token depends on (seed, position) alone, in any batch.
   TokenCounts counts;
+  // The prompt's distinct ids, sorted; filled only for a repetition penalty, which reads them.
+  std::vector<int32_t> prompt_distinct;
 
   // The prompt followed by every generated token. After a preemption the generated tokens
   // stay here and are recomputed with the prompt.

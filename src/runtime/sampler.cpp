@@ -13,6 +13,44 @@ void count_token(TokenCounts& counts, int32_t token) {
     counts.insert(it, {token, 1});
 }
 
+std::vector<int32_t> distinct_tokens(std::span<const int32_t> tokens) {
+  std::vector<int32_t> ids(tokens.begin(), tokens.end());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+namespace {
+
+bool output_penalized(const SamplingParams& p) { return p.presence_penalty != 0 || p.frequency_penalty != 0; }
+bool prompt_penalized(const SamplingParams& p) { return p.repetition_penalty != 1.0f; }
+
+// Writes a row's penalty entries at ids/counts: the generated tokens with their counts, merged
+// in id order with the prompt's tokens (count 0 where not generated) when the repetition
+// penalty reads them. Returns the entries written.
+int64_t write_penalties(const SampleRequest& r, int32_t* ids, int32_t* counts) {
+  if (!output_penalized(r.params) && !prompt_penalized(r.params)) return 0;
+  const std::span<const int32_t> prompt = prompt_penalized(r.params) ? r.prompt_tokens : std::span<const int32_t>{};
+  const std::span<const std::pair<int32_t, int32_t>> generated = r.generated_counts;
+  int64_t at = 0;
+  size_t p = 0, g = 0;
+  while (p < prompt.size() || g < generated.size()) {
+    if (g == generated.size() || (p < prompt.size() && prompt[p] < generated[g].first)) {
+      ids[at] = prompt[p++];
+      counts[at] = 0;
+    } else {
+      if (p < prompt.size() && prompt[p] == generated[g].first) ++p;
+      ids[at] = generated[g].first;
+      counts[at] = generated[g].second;
+      ++g;
+    }
+    ++at;
+  }
+  return at;
+}
+
+}  // namespace
+
 BatchSampler::BatchSampler(ops::Backend& backend, int64_t max_rows)
     : backend_(backend), max_rows_(max_rows) {
   TETRA_CHECK(max_rows >= 1, "a sampler needs room for one row");
@@ -39,10 +77,11 @@ std::span<const ops::SampledToken> BatchSampler::sample(const ops::Context& ctx,
   TETRA_CHECK(logits.shape.rank == 2 && logits.dim(0) == n, "sample: logits are ", logits.shape.str(),
               " for ", n, " rows");
   if (n == 0) return {};
-  int64_t n_penalties = 0;
-  for (const auto& r : rows)
-    if (r.params.presence_penalty != 0 || r.params.frequency_penalty != 0)
-      n_penalties += int64_t(r.generated_counts.size());
+  int64_t n_penalties = 0;  // at most; prompt and generated tokens may coincide
+  for (const auto& r : rows) {
+    if (output_penalized(r.params) || prompt_penalized(r.params)) n_penalties += int64_t(r.generated_counts.size());
+    if (prompt_penalized(r.params)) n_penalties += int64_t(r.prompt_tokens.size());
+  }
   reserve_penalties(n_penalties);
 
   auto* recs = rows_host_->view().as<ops::SamplingRow>();
@@ -58,18 +97,13 @@ std::span<const ops::SampledToken> BatchSampler::sample(const ops::Context& ctx,
     rec.top_k = r.params.top_k;
     rec.presence_penalty = r.params.presence_penalty;
     rec.frequency_penalty = r.params.frequency_penalty;
+    rec.repetition_penalty = r.params.repetition_penalty;
     rec.n_top_logprobs = r.top_logprobs;
     rec.seed = r.seed;
     rec.position = r.position;
     rec.penalty_begin = int32_t(at);
-    if (r.params.presence_penalty != 0 || r.params.frequency_penalty != 0) {
-      for (const auto& [id, count] : r.generated_counts) {
-        ids[at] = id;
-        counts[at] = count;
-        ++at;
-      }
-    }
-    rec.penalty_count = int32_t(at - rec.penalty_begin);
+    rec.penalty_count = int32_t(write_penalties(r, ids + at, counts + at));
+    at += rec.penalty_count;
   }
   const TensorView rows_dev = rows_dev_->view().rows(0, n * int64_t(sizeof(ops::SamplingRow)));
   const TensorView out_dev = out_dev_->view().rows(0, n * int64_t(sizeof(ops::SampledToken)));

@@ -63,7 +63,8 @@ void Generation::submit() {
                   .top_p = request_.top_p,
                   .top_k = request_.top_k,
                   .presence_penalty = request_.presence_penalty,
-                  .frequency_penalty = request_.frequency_penalty};
+                  .frequency_penalty = request_.frequency_penalty,
+                  .repetition_penalty = request_.repetition_penalty};
     p.seed = seed + uint64_t(i);  // n choices: seeds seed, seed+1, ...
     p.ignore_eos = request_.ignore_eos || !extras_.script.empty();  // a script ends where it ends
     p.top_logprobs = request_.logprobs ? request_.top_logprobs : 0;

@@ -352,7 +352,7 @@ GenerationRequest parse_generation_request(Endpoint endpoint, const json& body,
   static const std::unordered_set<std::string> known = {
       "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
       "top_k", "seed", "stop", "n", "logprobs", "top_logprobs", "stream", "stream_options",
-      "presence_penalty", "frequency_penalty", "ignore_eos", "skip_special_tokens", "best_of",
+      "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "skip_special_tokens", "best_of",
       "echo", "suffix", "logit_bias", "response_format", "tools", "tool_choice",
       "add_generation_prompt", "parallel_tool_calls", "chat_template_kwargs"};
   GenerationRequest r;
@@ -386,6 +386,17 @@ GenerationRequest parse_generation_request(Endpoint endpoint, const json& body,
   if (auto k = get_int(body, "top_k", -1, 1 << 20)) r.top_k = *k < 0 ? 0 : int(*k);
   if (auto p = get_number(body, "presence_penalty", -2.0, 2.0)) r.presence_penalty = float(*p);
   if (auto f = get_number(body, "frequency_penalty", -2.0, 2.0)) r.frequency_penalty = float(*f);
+  if (const json* v = find(body, "repetition_penalty")) {
+    // vLLM's range, finite and above 0, for the float the sampler takes: no upper bound but
+    // the float's largest value, and nothing that rounds to 0.
+    if (!v->is_number())
+      throw_invalid("repetition_penalty", std::string("'repetition_penalty' must be a number, got ") + json_kind(*v));
+    const double x = v->get<double>();
+    if (!(x > 0 && x <= double(std::numeric_limits<float>::max()) && float(x) > 0))
+      throw_invalid("repetition_penalty", "'repetition_penalty' must be greater than 0 (1 is off) and a finite "
+                                          "32-bit float, got " + v->dump());
+    r.repetition_penalty = float(x);
+  }
   if (const json* s = find(body, "seed")) {
     // Any 64-bit integer, negative ones taken modulo 2^64 (OpenAI's seed is a signed int64).
     if (!s->is_number_integer()) throw_invalid("seed", std::string("'seed' must be an integer, got ") + json_kind(*s));

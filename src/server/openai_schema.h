@@ -68,6 +68,7 @@ struct GenerationRequest {
   int top_k = 0;  // 0 = all tokens (-1 is accepted as vLLM's spelling of the same)
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;  // vLLM's extra parameter: > 0, 1 = off
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   int n = 1;

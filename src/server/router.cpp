@@ -191,6 +191,7 @@ void apply_sampling_defaults(const SamplingDefaults& d, const json& body, Genera
   if (d.temperature && unset("temperature")) r.temperature = *d.temperature;
   if (d.top_p && unset("top_p")) r.top_p = *d.top_p;
   if (d.top_k && unset("top_k")) r.top_k = *d.top_k;
+  if (d.repetition_penalty && unset("repetition_penalty")) r.repetition_penalty = *d.repetition_penalty;
 }
 
 RouteResult generate(ServerState& state, const HttpRequest& http, Endpoint endpoint) {

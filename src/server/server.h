@@ -37,9 +37,10 @@ struct ServerOptions {
 };
 
 // Sampling values for requests that set none: the model's generation_config.json, as vLLM's
-// --generation-config auto takes them. Unset: OpenAI's defaults (temperature 1, top_p 1, all tokens).
+// --generation-config auto takes them. Unset: OpenAI's defaults (temperature 1, top_p 1, all
+// tokens) and vLLM's (repetition_penalty 1, off).
 struct SamplingDefaults {
-  std::optional<float> temperature, top_p;
+  std::optional<float> temperature, top_p, repetition_penalty;
   std::optional<int> top_k;
 };
 

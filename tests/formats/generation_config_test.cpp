@@ -80,7 +80,13 @@ TEST(GenerationConfig, RefusesBadFields) {
   EXPECT_NE(error(R"({"temperature": 5})").find("temperature"), std::string::npos);
   EXPECT_NE(error(R"({"top_p": 0})").find("top_p"), std::string::npos);
   EXPECT_NE(error(R"({"top_k": 1.5})").find("top_k"), std::string::npos);
-  EXPECT_NE(error(R"({"repetition_penalty": 0})").find("repetition_penalty"), std::string::npos);
+  // A request's range (vLLM's: above 0, no upper bound but the float's), so a default is
+  // always a value a request could send.
+  for (const char* bad : {"0", "-1", "1e39", "1e-50", "\"1.1\""})
+    EXPECT_NE(error(str_cat(R"({"repetition_penalty": )", bad, "}")).find("repetition_penalty"), std::string::npos)
+        << bad;
+  EXPECT_EQ(error(R"({"repetition_penalty": 1e30})"), "");
+  EXPECT_EQ(error(R"({"repetition_penalty": 0.5})"), "");
   EXPECT_NE(error(R"([1, 2])").find("gen.json"), std::string::npos);
 }
 

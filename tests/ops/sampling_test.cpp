@@ -1,5 +1,5 @@
 // The CPU sampler (ops/cpu/sampling) against the rule it implements: Philox's published answers,
-// greedy ties and penalties worked by hand, a sort-everything twin of the rule (the oracle
+// greedy ties and penalties (repetition, presence, frequency) worked by hand, a sort-everything twin of the rule (the oracle
 // below) for exact tokens, chi-square fits of 200k draws to softmax(z / T) over the kept set,
 // log-probs against double log_softmax, and every argument check. Timings are printed, never
 // asserted.
@@ -28,6 +28,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // The shared batch, sampled by the CPU sampler.
 struct Batch : testing_util::SamplingBatch {
   using SamplingBatch::SamplingBatch;
+  explicit Batch(const SamplingBatch& b) : SamplingBatch(b) {}
   TensorView view() const {
     return TensorView{const_cast<float*>(logits.data()), DType::F32, {n_rows(), vocab}, Device::Cpu};
   }
@@ -65,20 +66,9 @@ struct OracleResult {
   std::vector<double> probability;  // softmax(z / T) over N in double, for the chi-square fits
 };
 
-std::vector<float> penalized_row(const Batch& b, int64_t r) {
-  const SamplingRow& row = b.rows[size_t(r)];
-  std::vector<float> z(b.row(r), b.row(r) + b.vocab);
-  for (int32_t e = row.penalty_begin; e < row.penalty_begin + row.penalty_count; ++e) {
-    const int32_t id = b.penalty_ids[size_t(e)];
-    z[size_t(id)] = sampling::penalized(b.row(r)[id], b.penalty_counts[size_t(e)], row.presence_penalty,
-                                        row.frequency_penalty);
-  }
-  return z;
-}
-
 OracleResult oracle(const Batch& b, int64_t r) {
   const SamplingRow& row = b.rows[size_t(r)];
-  const std::vector<float> z = penalized_row(b, r);
+  const std::vector<float> z = b.penalized_row(r);
   const int64_t v = b.vocab;
   std::vector<int32_t> order(static_cast<size_t>(v));
   std::iota(order.begin(), order.end(), 0);
@@ -244,6 +234,21 @@ TEST(Sampling, PenaltiesMoveTheGreedyChoiceAsWorkedByHand) {
   EXPECT_NEAR(out[2].logprob, log_softmax(l.data(), 4, 2), 1e-6);
 }
 
+TEST(Sampling, RepetitionPenaltyMovesTheGreedyChoiceAsWorkedByHand) {
+  const testing_util::WorkedRepetition worked;
+  const Batch b(worked.batch);
+  const auto out = b.sample();
+  for (int64_t r = 0; r < b.n_rows(); ++r) {
+    EXPECT_EQ(out[size_t(r)].token, worked.tokens[size_t(r)]) << "row " << r;
+    EXPECT_NEAR(out[size_t(r)].logprob, log_softmax(b.row(r), b.vocab, out[size_t(r)].token), 1e-6) << "row " << r;
+  }
+  // The overflowing rows: finite after the penalty, at the float's extremes.
+  EXPECT_EQ(sampling::repetition_penalized(-2.0f, 3e38f), -std::numeric_limits<float>::max());
+  EXPECT_EQ(sampling::repetition_penalized(10.0f, 1e-38f), std::numeric_limits<float>::max());
+  EXPECT_EQ(sampling::repetition_penalized(-kInf, 2.0f), -kInf);
+  EXPECT_EQ(sampling::repetition_penalized(0.0f, 2.0f), 0.0f);
+}
+
 TEST(Sampling, TopKOfOneIsGreedy) {
   std::mt19937 rng(3);
   Batch b(1000);
@@ -302,6 +307,8 @@ TEST(Sampling, DrawsFitSoftmaxOverTheKeptSet) {
   SamplingRow with_penalties = sampled(1.0f, 0, 0.9f, 99);
   with_penalties.presence_penalty = 0.5f;
   with_penalties.frequency_penalty = 0.25f;
+  SamplingRow with_repetition = with_penalties;
+  with_repetition.repetition_penalty = 1.8f;
   const std::vector<Case> cases = {
       {"temperature 0.8", sampled(0.8f, 0, 1.0f, 99), {}},
       {"temperature 1.7", sampled(1.7f, 0, 1.0f, 99), {}},
@@ -309,6 +316,7 @@ TEST(Sampling, DrawsFitSoftmaxOverTheKeptSet) {
       {"top_p 0.7", sampled(1.3f, 0, 0.7f, 99), {}},
       {"top_k 10 + top_p 0.8", sampled(1.2f, 10, 0.8f, 99), {}},
       {"top_p 0.9 + penalties", with_penalties, {{3, 2}, {7, 1}, {11, 4}}},
+      {"top_p 0.9 + repetition", with_repetition, {{0, 0}, {3, 2}, {5, 0}, {7, 1}, {11, 0}, {19, 0}}},
   };
   for (const Case& c : cases) {
     const Fit fit = draw_and_fit(logits, c.row, 200000, &pool, c.penalties);
@@ -438,12 +446,18 @@ Batch mixed_batch(int64_t v, int n_rows, std::mt19937& rng) {
       for (float& x : l) x = std::round(x / 2);  // many exact ties
     std::vector<std::pair<int32_t, int32_t>> penalties;
     if (i % 3 == 1) {
-      r.presence_penalty = 0.4f;
-      r.frequency_penalty = 0.3f;
+      // Presence and frequency alone, repetition alone, or all three; entries of count 0 (prompt
+      // tokens) only where the repetition penalty reads them.
+      const int kind = pick(rng) % 3;
+      r.presence_penalty = kind == 1 ? 0.0f : 0.4f;
+      r.frequency_penalty = kind == 1 ? 0.0f : 0.3f;
+      const float repetitions[] = {0.7f, 1.2f, 2.0f};
+      r.repetition_penalty = kind == 0 ? 1.0f : repetitions[pick(rng) % 3];
       std::vector<int32_t> ids(static_cast<size_t>(v));
       std::iota(ids.begin(), ids.end(), 0);
       std::shuffle(ids.begin(), ids.end(), rng);
-      for (int e = 0; e < std::min<int>(int(v), 40); ++e) penalties.push_back({ids[size_t(e)], 1 + pick(rng) % 4});
+      for (int e = 0; e < std::min<int>(int(v), 40); ++e)
+        penalties.push_back({ids[size_t(e)], kind == 0 ? 1 + pick(rng) % 4 : pick(rng) % 4});
     }
     b.add(std::move(l), r, penalties);
   }
@@ -490,11 +504,15 @@ TEST(Sampling, BadArgumentsThrow) {
   expect_throw([](Batch& b, TensorView&) { b.rows[0].temperature = kInf; });
   expect_throw([](Batch& b, TensorView&) { b.rows[0].temperature = std::nanf(""); });
   expect_throw([](Batch& b, TensorView&) { b.rows[0].presence_penalty = kInf; });
+  expect_throw([](Batch& b, TensorView&) { b.rows[0].repetition_penalty = 0.0f; });
+  expect_throw([](Batch& b, TensorView&) { b.rows[0].repetition_penalty = -1.0f; });
+  expect_throw([](Batch& b, TensorView&) { b.rows[0].repetition_penalty = kInf; });
+  expect_throw([](Batch& b, TensorView&) { b.rows[0].repetition_penalty = std::nanf(""); });
   expect_throw([](Batch& b, TensorView&) { b.rows[0].penalty_count = 2; });
   expect_throw([](Batch& b, TensorView&) { b.rows[0].penalty_begin = -1; });
   expect_throw([](Batch& b, TensorView&) { b.penalty_ids[0] = 5; });
   expect_throw([](Batch& b, TensorView&) { b.penalty_ids[0] = -1; });
-  expect_throw([](Batch& b, TensorView&) { b.penalty_counts[0] = 0; });
+  expect_throw([](Batch& b, TensorView&) { b.penalty_counts[0] = -1; });
   expect_throw([](Batch& b, TensorView&) {
     b.penalty_ids.push_back(1);
     b.penalty_counts.push_back(1);
@@ -505,6 +523,7 @@ TEST(Sampling, BadArgumentsThrow) {
   expect_throw([](Batch& b, TensorView&) { std::fill(b.logits.begin(), b.logits.end(), -kInf); });
   Batch ok(5);
   ok.add({0, 1, 2, 3, 4}, sampled(1.0f), {{1, 1}});
+  ok.add({0, 1, 2, 3, 4}, sampled(1.0f), {{1, 0}});  // count 0: a prompt token
   EXPECT_NO_THROW(ok.sample());
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -42,6 +43,11 @@ TEST(EngineSubmit, RefusesInvalidRequests) {
   p = testing::greedy({1, 2}, 4);
   p.sampling.top_p = 0;
   refused(p);
+  for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    p = testing::greedy({1, 2}, 4);
+    p.sampling.repetition_penalty = bad;
+    EXPECT_NE(refused(p).find("repetition_penalty"), std::string::npos);
+  }
   EXPECT_EQ(engine.stats().waiting, 0);
 }
 

@@ -111,6 +111,37 @@ TEST(Engine, FrequencyPenaltyStopsRepeats) {
   EXPECT_NE(std::adjacent_find(plain_tokens.begin(), plain_tokens.end()), plain_tokens.end());
 }
 
+TEST(Engine, RepetitionPenaltyKeepsThePromptsAndTheOutputsTokensOut) {
+  // vLLM's repetition penalty reads the prompt's tokens too. The prompt here ends with the
+  // first tokens greedy decoding gives, which the model goes on to repeat; a penalty of 1e30
+  // takes every positive logit of a seen token to about 0 and every negative one far below, so
+  // (this model always having some unseen token above 0) no seen token comes again.
+  testing::TinyModel m;
+  Engine engine(*m.model, *m.backend, testing::small_config());
+  Collector out;
+  std::vector<int32_t> prompt = {5, 6, 7, 8};
+  const auto first = testing::reference(m, testing::greedy(prompt, 8)).token_ids;
+  prompt.insert(prompt.end(), first.begin(), first.end());
+  RequestParams p = testing::greedy(prompt, 40);
+  p.sampling.repetition_penalty = 1e30f;
+  const auto id = testing::submit_ok(engine, p, out);
+  const auto plain_id = testing::submit_ok(engine, testing::greedy(prompt, 40), out);
+  testing::drain(engine);
+  auto seen = [&](const std::vector<int32_t>& tokens) {
+    for (int32_t t : tokens)
+      if (std::find(prompt.begin(), prompt.end(), t) != prompt.end()) return true;
+    return false;
+  };
+  auto tokens = out.by_id[id].tokens;
+  ASSERT_EQ(tokens.size(), 40u);
+  EXPECT_FALSE(seen(tokens)) << "a prompt token came back";
+  std::sort(tokens.begin(), tokens.end());
+  EXPECT_EQ(std::adjacent_find(tokens.begin(), tokens.end()), tokens.end()) << "a token repeats";
+  EXPECT_TRUE(seen(out.by_id[plain_id].tokens)) << "without the penalty the model repeats its prompt";
+  // generate's single-sequence loop applies the same rule.
+  EXPECT_EQ(testing::reference(m, p).token_ids, out.by_id[id].tokens);
+}
+
 TEST(Engine, EosEndsARequestWithStopUnlessIgnored) {
   // The fixture again, with its eos_token_id set to the third token greedy decoding of this
   // prompt produces, so the stop is certain.

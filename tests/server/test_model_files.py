@@ -121,6 +121,29 @@ class ModelFilesTest(unittest.TestCase):
         f = self.serve("--generation-config", other)
         self.assertEqual(texts(f), [greedy] * 3)
 
+    def test_generation_config_repetition_penalty_default(self):
+        body = {"prompt": [5, 6, 7, 8, 5, 6, 7, 8], "max_tokens": 24, "ignore_eos": True, "temperature": 0}
+
+        def text(s, **extra):
+            st, b, _ = s.complete(**body, **extra)
+            self.assertEqual(st, 200, b)
+            return b["choices"][0]["text"]
+
+        self.folder.write("generation_config.json", {"eos_token_id": 511, "repetition_penalty": 1e30})
+        s = self.serve()
+        self.assertIn("repetition_penalty 1e+30", s.log_text())
+        plain, penalized = text(s, repetition_penalty=1), text(s, repetition_penalty=1e30)
+        self.assertNotEqual(plain, penalized)
+        # No repetition_penalty in the request: the file's.
+        self.assertEqual(text(s), penalized)
+        self.assertEqual(text(s, repetition_penalty=None), penalized)
+        # --generation-config vllm: vLLM's default, off.
+        v = self.serve("--generation-config", "vllm")
+        self.assertEqual(text(v), plain)
+        # The file's value is checked as a request's would be.
+        self.folder.write("generation_config.json", {"repetition_penalty": 0})
+        refused_before_listening(self, model=self.model, says=["repetition_penalty"])
+
     def test_malformed_generation_config_is_a_load_error(self):
         self.folder.write("generation_config.json", "{not json")
         refused_before_listening(self, model=self.model, says=["generation_config.json is not valid JSON"])

@@ -222,6 +222,18 @@ class ValidationTest(unittest.TestCase):
             self.bad({field: 2.5}, field)
             self.bad({field: -3}, field)
         self.ok(presence_penalty=1.5, frequency_penalty=-1.5)
+        # vLLM's repetition_penalty: above 0 with no upper bound, here up to the float's largest.
+        for bad in (0, -1, 1e39, 1e-50, "2", True):
+            self.bad({"repetition_penalty": bad}, "repetition_penalty")
+        self.ok(repetition_penalty=1.3)
+        self.ok(repetition_penalty=0.5, presence_penalty=0.5)
+        self.ok(repetition_penalty=1e30, temperature=0)
+        self.ok(repetition_penalty=None)
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        st, b, _ = self.s.post("/v1/chat/completions", {**chat, "repetition_penalty": 0})
+        assert_error(self, st, b, 400, "repetition_penalty")
+        st, b, _ = self.s.post("/v1/chat/completions", {**chat, "repetition_penalty": 1.2})
+        self.assertEqual(st, 200, b)
         self.bad({"logit_bias": {"1": 1e9}}, "logit_bias")
         self.bad({"logit_bias": {"1": -101}}, "logit_bias")
 

@@ -213,14 +213,18 @@ double log_sum_exp(const float* l, int64_t n, float max_logit) {
 
 float logprob_of(float logit, const RawStats& raw) { return float(double(logit) - raw.log_sum_exp); }
 
+bool has_penalties(const SamplingRow& r) {
+  return r.repetition_penalty != 1.0f || r.presence_penalty != 0 || r.frequency_penalty != 0;
+}
+
 // z: the row with its penalties, in scratch, or the logits themselves when it has none.
 const float* apply_penalties(const float* l, int64_t vocab, const SamplingRow& r, const int32_t* ids,
                              const int32_t* counts, RowScratch& scratch) {
-  if (r.penalty_count == 0 || (r.presence_penalty == 0 && r.frequency_penalty == 0)) return l;
+  if (r.penalty_count == 0 || !has_penalties(r)) return l;
   scratch.penalized.assign(l, l + vocab);
   for (int32_t e = r.penalty_begin; e < r.penalty_begin + r.penalty_count; ++e)
-    scratch.penalized[size_t(ids[e])] =
-        sampling::penalized(l[ids[e]], counts[e], r.presence_penalty, r.frequency_penalty);
+    scratch.penalized[size_t(ids[e])] = sampling::penalized(l[ids[e]], counts[e], r.repetition_penalty,
+                                                            r.presence_penalty, r.frequency_penalty);
   return scratch.penalized.data();
 }
 
@@ -406,6 +410,8 @@ void check_row(const SamplingRow& r, int64_t row, int64_t vocab, const int32_t* 
               " asks for ", r.n_top_logprobs, " top logprobs; at most ", kMaxTopLogprobs, " are kept");
   TETRA_CHECK(std::isfinite(r.presence_penalty) && std::isfinite(r.frequency_penalty), "sample: row ", row,
               " has a penalty that is not finite");
+  TETRA_CHECK(std::isfinite(r.repetition_penalty) && r.repetition_penalty > 0, "sample: row ", row,
+              " has repetition_penalty ", r.repetition_penalty, "; it must be finite and above 0");
   TETRA_CHECK(r.penalty_begin >= 0 && r.penalty_count >= 0 &&
                   int64_t(r.penalty_begin) + r.penalty_count <= n_penalties,
               "sample: row ", row, "'s penalty entries [", r.penalty_begin, ", +", r.penalty_count,
@@ -414,8 +420,8 @@ void check_row(const SamplingRow& r, int64_t row, int64_t vocab, const int32_t* 
   for (int32_t e = begin; e < end; ++e) {
     TETRA_CHECK(ids[e] >= 0 && ids[e] < vocab, "sample: row ", row, " penalizes token ", ids[e],
                 ", outside the vocabulary of ", vocab);
-    TETRA_CHECK(counts[e] >= 1, "sample: row ", row, " gives token ", ids[e], " the count ", counts[e],
-                "; counts are at least 1");
+    TETRA_CHECK(counts[e] >= 0, "sample: row ", row, " gives token ", ids[e], " the count ", counts[e],
+                "; counts are at least 0");
     TETRA_CHECK(!seen[size_t(ids[e])], "sample: row ", row, " lists token ", ids[e], " twice in its penalties");
     seen[size_t(ids[e])] = 1;
   }

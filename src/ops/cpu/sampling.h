@@ -2,7 +2,11 @@
 // sampling rule that every backend shares.
 //
 // The rule (for one row of raw logits l[0, V) and its SamplingRow r):
-//   1. z = l, minus presence + frequency * count at each of the row's penalty entries.
+//   1. z = l, except at each of the row's penalty entries (a token of the prompt or of the
+//      output, with its count in the output): there, with repetition penalty rp != 1, first
+//      l / rp where l > 0 and l * rp elsewhere (vLLM's rule; a finite result stays finite),
+//      then, for a count above 0, minus presence + frequency * count (output tokens only, as
+//      in OpenAI's API and vLLM).
 //   2. temperature <= 0: the first index of max(z).
 //   3. Otherwise: candidates C = { z >= the top_k-th largest z } (all when top_k is 0 or >= V;
 //      ties at the threshold stay); each candidate weighs p = exp((z - max z) * (1 / T)); with
@@ -133,12 +137,26 @@ TETRA_HOST_DEVICE inline uint64_t mass_of(float p) {
   return (uint64_t(uint32_t(whole)) << 20) + uint32_t(low);
 }
 
-// z = l - (presence + frequency * count), the sum rounded once.
-TETRA_HOST_DEVICE inline float penalized(float logit, int32_t count, float presence, float frequency) {
+// The repetition penalty of one logit: l / penalty where l > 0, else l * penalty. A finite
+// logit stays finite (a huge penalty would overflow it to -inf, and a row whose every token
+// were -inf would have nothing left to draw); -inf stays -inf.
+TETRA_HOST_DEVICE inline float repetition_penalized(float logit, float penalty) {
+  constexpr float kMax = 3.40282347e+38f;  // FLT_MAX
+  const float z = logit > 0 ? div_rn(logit, penalty) : mul_rn(logit, penalty);
+  if (z > kMax) return kMax;
+  return z < -kMax && logit >= -kMax ? -kMax : z;
+}
+
+// Step 1 at one penalty entry: the repetition penalty (rp == 1 leaves l as it is), then for a
+// token generated `count` > 0 times z - (presence + frequency * count), the sum rounded once.
+TETRA_HOST_DEVICE inline float penalized(float logit, int32_t count, float repetition, float presence,
+                                         float frequency) {
+  const float z = repetition != 1.0f ? repetition_penalized(logit, repetition) : logit;
+  if (count <= 0) return z;
 #if defined(__CUDA_ARCH__)
-  return __fsub_rn(logit, __fmaf_rn(frequency, __int2float_rn(count), presence));
+  return __fsub_rn(z, __fmaf_rn(frequency, __int2float_rn(count), presence));
 #else
-  return logit - std::fma(frequency, float(count), presence);
+  return z - std::fma(frequency, float(count), presence);
 #endif
 }
 
@@ -173,7 +191,8 @@ namespace tetra::ops::cpu {
 
 // One token per row of logits F32 [R, V] (host memory) under rows[r] (ops.h's SamplingRow),
 // written to out[r]. penalty_ids / penalty_counts [n_penalties] hold, at each row's
-// [penalty_begin, penalty_begin + penalty_count), its distinct generated ids and their counts.
+// [penalty_begin, penalty_begin + penalty_count), the distinct ids its penalties touch and how
+// often each was generated (0: a prompt token only the repetition penalty reads).
 // Rows run in parallel over `pool` (null: on the calling thread). Throws tetra::Error on a bad
 // argument, before any row is written, and on a row holding NaN or +inf, or no logit that
 // is finite after its penalties.

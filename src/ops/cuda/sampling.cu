@@ -471,7 +471,8 @@ __device__ void sample_row(const SampleParams& p, int row, RowShared& sh) {
   int64_t pen_end = r.penalty_count > 0 ? pen_begin + r.penalty_count : 0;
   pen_begin = pen_begin < 0 ? 0 : (pen_begin > p.n_penalties ? p.n_penalties : pen_begin);
   pen_end = pen_end < pen_begin ? pen_begin : (pen_end > p.n_penalties ? p.n_penalties : pen_end);
-  const bool penalized = pen_end > pen_begin && (r.presence_penalty != 0 || r.frequency_penalty != 0);
+  const bool penalized = pen_end > pen_begin &&
+                         (r.repetition_penalty != 1.0f || r.presence_penalty != 0 || r.frequency_penalty != 0);
   float* copy = penalized ? p.scratch + size_t(blockIdx.x) * size_t(n) : nullptr;
 
   const RowStats raw = row_stats(l, n, copy, sh);
@@ -481,7 +482,8 @@ __device__ void sample_row(const SampleParams& p, int row, RowShared& sh) {
     for (int64_t e = pen_begin + threadIdx.x; e < pen_end; e += kThreads) {
       const int id = p.penalty_ids[e];
       if (id >= 0 && id < n)
-        copy[id] = rule::penalized(l[id], p.penalty_counts[e], r.presence_penalty, r.frequency_penalty);
+        copy[id] = rule::penalized(l[id], p.penalty_counts[e], r.repetition_penalty, r.presence_penalty,
+                                   r.frequency_penalty);
     }
     __syncthreads();
     z = copy;

@@ -19,11 +19,11 @@ inline constexpr int64_t kSampleMaxVocab = int64_t(1) << 20;
 int64_t sample_workspace_bytes(int64_t n_rows, int64_t vocab);
 
 // One token per row of logits F32 [n_rows, vocab] under rows[r], into out[r]. penalty_ids /
-// penalty_counts [n_penalties] hold each row's distinct generated ids and their counts at
-// [penalty_begin, penalty_begin + penalty_count). rows, the penalty lists, out and workspace
-// (at least sample_workspace_bytes) are device pointers. Row fields cannot be checked
-// from the host; the kernel clamps them to memory-safe ranges (the CPU backend rejects what
-// it clamps). Throws tetra::Error on a bad size or a launch failure.
+// penalty_counts [n_penalties] hold each row's distinct penalized ids and their counts in the
+// output (0: a prompt token only) at [penalty_begin, penalty_begin + penalty_count). rows, the
+// penalty lists, out and workspace (at least sample_workspace_bytes) are device pointers. Row
+// fields cannot be checked from the host; the kernel clamps them to memory-safe ranges (the CPU
+// backend rejects what it clamps). Throws tetra::Error on a bad size or a launch failure.
 void launch_sample(cudaStream_t stream, const float* logits, int64_t n_rows, int64_t vocab,
                    const SamplingRow* rows, const int32_t* penalty_ids, const int32_t* penalty_counts,
                    int64_t n_penalties, SampledToken* out, void* workspace);

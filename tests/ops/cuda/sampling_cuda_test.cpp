@@ -89,15 +89,12 @@ std::vector<SampledToken> run_cpu(const Batch& b) {
 
 std::string explain(const Batch& b, int64_t r, int32_t cpu_token, int32_t gpu_token) {
   const SamplingRow& row = b.rows[size_t(r)];
-  std::vector<float> z(b.row(r), b.row(r) + b.vocab);
-  for (int32_t e = row.penalty_begin; e < row.penalty_begin + row.penalty_count; ++e)
-    z[size_t(b.penalty_ids[size_t(e)])] = sampling::penalized(
-        b.row(r)[b.penalty_ids[size_t(e)]], b.penalty_counts[size_t(e)], row.presence_penalty, row.frequency_penalty);
+  const std::vector<float> z = b.penalized_row(r);
   std::vector<float> sorted = z;
   std::sort(sorted.begin(), sorted.end(), std::greater<>());
   std::ostringstream s;
   s << "row " << r << ": T " << row.temperature << " top_k " << row.top_k << " top_p " << row.top_p
-    << " penalties " << row.penalty_count << " seed " << row.seed << " position " << row.position
+    << " penalties " << row.penalty_count << " (repetition " << row.repetition_penalty << ") seed " << row.seed << " position " << row.position
     << " | max z " << sorted[0];
   if (gpu_token < 0 || gpu_token >= b.vocab) {
     s << " | GPU token " << gpu_token << " is outside the vocabulary";
@@ -193,7 +190,8 @@ std::vector<float> normal_logits(int64_t n, float stddev, std::mt19937& rng) {
 enum class Logits { Normal, FewValues, Masked };
 
 // Rows cycling through every option: greedy and sampled, temperatures, top-k from 1 past V,
-// top-p from 0.05 to 1, penalties on every third row, 0 / 5 / 20 top logprobs, random seeds
+// top-p from 0.05 to 1, penalties on every third row (presence and frequency, repetition over
+// prompt entries of count 0 too, or both), 0 / 5 / 20 top logprobs, random seeds
 // and positions.
 Batch mixed_batch(int64_t v, int n_rows, Logits kind, std::mt19937& rng) {
   Batch b(v);
@@ -218,13 +216,17 @@ Batch mixed_batch(int64_t v, int n_rows, Logits kind, std::mt19937& rng) {
         if (j % 3 != 0 && j != l.size() - 1) l[j] = -kInf;
     std::vector<std::pair<int32_t, int32_t>> penalties;
     if (i % 3 == 1) {
-      r.presence_penalty = 0.5f * float(pick(rng) % 3);
-      r.frequency_penalty = 0.25f * float(pick(rng) % 3) - 0.25f;
+      const int kind = pick(rng) % 3;  // 0: presence and frequency, 1: repetition, 2: all three
+      r.presence_penalty = kind == 1 ? 0.0f : 0.5f * float(pick(rng) % 3);
+      r.frequency_penalty = kind == 1 ? 0.0f : 0.25f * float(pick(rng) % 3) - 0.25f;
+      const float repetitions[] = {0.6f, 1.1f, 1.5f, 3.0f};
+      r.repetition_penalty = kind == 0 ? 1.0f : repetitions[pick(rng) % 4];
       std::vector<int32_t> ids(static_cast<size_t>(v));
       std::iota(ids.begin(), ids.end(), 0);
       std::shuffle(ids.begin(), ids.end(), rng);
       const int n_pen = std::min<int>(int(v), 1 + pick(rng) % 300);
-      for (int e = 0; e < n_pen; ++e) penalties.push_back({ids[size_t(e)], 1 + pick(rng) % 5});
+      for (int e = 0; e < n_pen; ++e)
+        penalties.push_back({ids[size_t(e)], kind == 0 ? 1 + pick(rng) % 5 : pick(rng) % 5});
     }
     b.add(l, r, penalties);
   }
@@ -240,6 +242,15 @@ TEST(SamplingCuda, MatchesOnASmallBatchOfEveryKind) {
   for (Logits kind : {Logits::Normal, Logits::FewValues, Logits::Masked})
     for (auto [v, n] : {std::pair<int64_t, int>{7, 24}, {1000, 24}, {5000, 12}})
       expect_parity(mixed_batch(v, n, kind, rng), "small, V " + std::to_string(v));
+}
+
+TEST(SamplingCuda, RepetitionPenaltyGivesTheWorkedTokens) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const ops::testing_util::WorkedRepetition worked;
+  const std::vector<SampledToken> gpu = run_gpu(worked.batch);
+  ASSERT_EQ(gpu.size(), worked.tokens.size());
+  for (size_t r = 0; r < gpu.size(); ++r) EXPECT_EQ(gpu[r].token, worked.tokens[r]) << "row " << r;
+  expect_parity(worked.batch, "worked repetition");
 }
 
 TEST(SamplingCuda, MatchesTheCpuReferenceExactly) {
