@@ -461,6 +461,7 @@ constexpr int kScoreThreads = 256;  // keys per scores block
 constexpr int kMaxIndexHeads = 64;
 constexpr int kSelectThreads = 1024;
 constexpr int kSliceKeys = 16384;  // keys a stage-1 block selects among
+constexpr int kMaxSlices = 1024;
 constexpr int64_t kScoreWorkspaceBytes = int64_t(64) << 20;  // scores and survivors of one group of tokens
 
 struct DsaArgs {
@@ -529,7 +530,8 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 }
 
 // Stage 1 reads a slice of a token's scores; stage 2 the slices' survivors, slice c's
-// count[c] of them at c * top_k: in both, index order is position order.
+// count[c] of them at c * top_k, indexed as if packed end to end: in both, index order is
+// position order.
 struct ScoreSlice {
   const float* scores;
   int begin, end;
@@ -543,13 +545,15 @@ struct ScoreSlice {
 struct Survivors {
   const float* scores;
   const int32_t* positions;
-  const int32_t* counts;
+  const int* starts;  // [n_slices + 1]: where each slice's survivors begin, packed (shared memory)
   int top_k, n_slices;
-  __device__ int size() const { return n_slices * top_k; }
+  __device__ int size() const { return starts[n_slices]; }
   __device__ bool get(int i, float& score, int32_t& pos) const {
-    if (i % top_k >= counts[i / top_k]) return false;
-    score = scores[i];
-    pos = positions[i];
+    int c = 0;
+    while (starts[c + 1] <= i) ++c;
+    const int at = c * top_k + (i - starts[c]);
+    score = scores[at];
+    pos = positions[at];
     return true;
   }
 };
@@ -644,14 +648,29 @@ __global__ void __launch_bounds__(kSelectThreads) dsa_slice_top_k_kernel(const D
   if (threadIdx.x == 0) a.survivor_count[row] = n;
 }
 
-// Stage 2, a block per token: the top_k of its slices' survivors, then -1s.
+// Stage 2, a block per token: the top_k of its slices' survivors, then -1s. No more survivors
+// than top_k (a context of one slice, or under top_k keys): they are the answer, in order.
 __global__ void __launch_bounds__(kSelectThreads) dsa_final_top_k_kernel(const DsaArgs a, int n_slices) {
+  __shared__ int starts[kMaxSlices + 1];
   const int t = int(blockIdx.x), token = a.token0 + t;
   const int64_t first = int64_t(t) * n_slices;
-  const Survivors src{a.survivor_score + first * a.p.top_k, a.survivor_pos + first * a.p.top_k,
-                      a.survivor_count + first, a.p.top_k, n_slices};
+  if (threadIdx.x == 0) {
+    starts[0] = 0;
+    for (int c = 0; c < n_slices; ++c) starts[c + 1] = starts[c] + a.survivor_count[first + c];
+  }
+  __syncthreads();
+  const Survivors src{a.survivor_score + first * a.p.top_k, a.survivor_pos + first * a.p.top_k, starts, a.p.top_k,
+                      n_slices};
   int32_t* out = a.p.selected + int64_t(token) * a.p.top_k;
-  const int n = block_top_k(src, a.p.top_k, out, nullptr);
+  int n = src.size();
+  if (n <= a.p.top_k) {
+    for (int j = int(threadIdx.x); j < n; j += kSelectThreads) {
+      float score;
+      src.get(j, score, out[j]);
+    }
+  } else {
+    n = block_top_k(src, a.p.top_k, out, nullptr);
+  }
   for (int j = n + int(threadIdx.x); j < a.p.top_k; j += kSelectThreads) out[j] = -1;
 }
 
@@ -739,7 +758,7 @@ void dsa_select(cudaStream_t stream, const DsaSelectParams& p, void* workspace, 
   TETRA_CHECK(p.q && p.weights && p.index_k && p.selected && p.positions && p.seq_starts && p.block_tables,
               "dsa_select: a tensor pointer is null");
   const DsaLayout l = dsa_layout(p);
-  TETRA_CHECK(l.cap <= INT_MAX && l.n_slices <= 65535, "dsa_select: a context of ", l.cap, " keys is too long");
+  TETRA_CHECK(l.cap <= INT_MAX && l.n_slices <= kMaxSlices, "dsa_select: a context of ", l.cap, " keys is too long");
   const int64_t need = int64_t(l.group) * l.token_bytes;
   TETRA_CHECK(workspace && workspace_size >= need && aligned16(workspace), "dsa_select: needs ", need,
               " bytes of 16-byte aligned workspace, got ", workspace_size);
