@@ -305,6 +305,29 @@ TEST_F(EvalIds, RanksScoreWhatOneRankScores) {
   }
 }
 
+// The README's main model (models/demo, tools/demo_model/) writes English: on its held-out text
+// (none of it seen in training) the BF16 model's perplexity is far below a random model's 4,096,
+// and its NVFP4 twin stays close to it. On the first 20,000 bytes, measured 2026-12-02:
+// perplexity 22.38, NVFP4 22.39, mean KL 0.0067 nats, top-1 agreement 95.0%.
+TEST(Cli, TheDemoModelPredictsHeldOutEnglish) {
+  const fs::path root(TETRA_SOURCE_DIR);
+  std::ifstream in(root / "tools/demo_model/data/kjv-heldout.txt", std::ios::binary);
+  std::string text(20000, '\0');
+  in.read(text.data(), std::streamsize(text.size()));
+  ASSERT_EQ(in.gcount(), std::streamsize(text.size()));
+  const fs::path file = fs::temp_directory_path() / ("tetra_demo_heldout_" + std::to_string(::getpid()));
+  std::ofstream(file, std::ios::binary) << text;
+  const auto r = run_cli("eval --device cpu --window 512 --json --model " + (root / "models/demo-nvfp4").string() +
+                         " --ref " + (root / "models/demo").string() + " --text " + file.string());
+  fs::remove(file);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_LT(j["ref_perplexity"].get<double>(), 30.0);
+  EXPECT_LT(j["perplexity"].get<double>(), 1.01 * j["ref_perplexity"].get<double>());
+  EXPECT_LT(j["mean_kl"].get<double>(), 0.02);
+  EXPECT_GT(j["top1_agreement"].get<double>(), 0.9);
+}
+
 // A checkpoint with its multi-token-prediction layer (model.layers.{num_hidden_layers}.*) loads,
 // generates as without it, and inspect counts the MTP tensors.
 TEST(Cli, MtpLayerIsLoadedAndSkipped) {
