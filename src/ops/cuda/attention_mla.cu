@@ -596,11 +596,28 @@ __device__ int block_top_k(const Src& src, int top_k, int32_t* out_pos, float* o
     }
     if (run > 0) atomicAdd(&histogram[run_digit], run);
     __syncthreads();
-    if (tid == 0) {  // fewer keys than top_k end on digit 0 with some still wanted: all are taken
-      int remaining = s_remaining, digit = 255;
-      for (; digit > 0 && histogram[digit] < remaining; --digit) remaining -= histogram[digit];
-      s_remaining = remaining;
-      s_prefix = prefix | (uint32_t(digit) << shift);
+    if (tid < 32) {
+      // The digit where the count from the top reaches the keys still wanted, found by warp 0:
+      // lane l holds digits 255 - 8l down to 248 - 8l, a scan gives the keys above its own.
+      // With fewer keys than wanted the last lane takes digit 0, and then all of them are taken.
+      const int lane = tid, wanted = s_remaining;
+      int count[8], sum = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += (count[i] = histogram[255 - 8 * lane - i]);
+      int upto = sum;  // keys at this lane's digits and above
+#pragma unroll
+      for (int o = 1; o < 32; o *= 2) {
+        const int v = __shfl_up_sync(0xffffffffu, upto, o);
+        if (lane >= o) upto += v;
+      }
+      const int total = __shfl_sync(0xffffffffu, upto, 31);
+      int above = upto - sum;
+      if ((above < wanted && wanted <= upto) || (lane == 31 && total < wanted)) {
+        int i = 0;
+        for (; i < 7 && above + count[i] < wanted; ++i) above += count[i];
+        s_remaining = wanted - above;
+        s_prefix = prefix | (uint32_t(255 - 8 * lane - i) << shift);
+      }
     }
     __syncthreads();
     prefix = s_prefix;
