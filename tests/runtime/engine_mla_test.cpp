@@ -41,35 +41,10 @@ class EngineMla : public ::testing::TestWithParam<std::string> {
     return *m;
   }
 
-  // n requests: prompts of 1 + (7i + 3) mod 45 tokens, 3 to 16 new tokens each.
-  std::vector<RequestParams> mixed(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<RequestParams> out;
-    for (int i = 0; i < n; ++i)
-      out.push_back(testing::greedy(testing::random_prompt(rng, 1 + (i * 7 + 3) % 45, model().vocab()), 3 + (i * 5) % 14));
-    return out;
-  }
-
-  // Every request submitted before the first step, or request i after i % 3 steps of the
-  // ones before it; each compared with itself alone.
+  std::vector<RequestParams> mixed(int n, uint32_t seed) { return testing::mixed_requests(model(), n, seed); }
   runtime::EngineStats run_and_compare(const EngineConfig& config, const std::vector<RequestParams>& requests,
                                        bool staggered) {
-    testing::TinyModel& m = model();
-    Engine engine(*m.model, *m.backend, config);
-    Collector out;
-    std::vector<uint64_t> ids;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      ids.push_back(testing::submit_ok(engine, requests[i], out));
-      if (staggered)
-        for (size_t k = 0; k < i % 3; ++k) engine.step();
-    }
-    testing::drain(engine);
-    for (size_t i = 0; i < requests.size(); ++i)
-      expect_matches_generate(m, requests[i], out.by_id[ids[i]], GetParam() + " request " + std::to_string(i));
-    const auto s = engine.stats();
-    EXPECT_EQ(s.kv_blocks_used, 0);
-    EXPECT_EQ(s.running + s.waiting, 0);
-    return s;
+    return testing::run_and_compare(model(), config, requests, staggered, GetParam() + " ");
   }
 
  private:

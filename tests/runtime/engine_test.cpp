@@ -21,44 +21,17 @@ using runtime::RequestParams;
 using testing::Collector;
 using testing::expect_matches_generate;
 
-// 16 prompts of mixed lengths (1 to 45 tokens) and lengths of output.
-std::vector<RequestParams> mixed_requests(const testing::TinyModel& m, int n, uint32_t seed = 1) {
-  std::mt19937 rng(seed);
-  std::vector<RequestParams> out;
-  for (int i = 0; i < n; ++i) {
-    const int64_t len = 1 + (i * 7 + 3) % 45;
-    out.push_back(testing::greedy(testing::random_prompt(rng, len, m.vocab()), 3 + (i * 5) % 14));
-  }
-  return out;
-}
-
-// Runs every request through one engine (all submitted before the first step) and checks
-// each against generate().
-void run_batch_and_compare(testing::TinyModel& m, const EngineConfig& config,
-                           const std::vector<RequestParams>& requests, runtime::EngineStats* stats = nullptr) {
-  Engine engine(*m.model, *m.backend, config);
-  Collector out;
-  std::vector<uint64_t> ids;
-  for (const auto& p : requests) ids.push_back(testing::submit_ok(engine, p, out));
-  testing::drain(engine);
-  for (size_t i = 0; i < requests.size(); ++i)
-    expect_matches_generate(m, requests[i], out.by_id[ids[i]], "request " + std::to_string(i));
-  const auto s = engine.stats();
-  EXPECT_EQ(s.running, 0);
-  EXPECT_EQ(s.waiting, 0);
-  EXPECT_EQ(s.kv_blocks_used, 0);
-  if (stats) *stats = s;
-}
+using testing::mixed_requests;
+using testing::run_and_compare;
 
 TEST(Engine, GreedyAloneEqualsGenerate) {
   testing::TinyModel m;
-  for (const auto& p : mixed_requests(m, 4)) run_batch_and_compare(m, testing::small_config(), {p});
+  for (const auto& p : mixed_requests(m, 4)) run_and_compare(m, testing::small_config(), {p});
 }
 
 TEST(Engine, GreedyBatchOf16MixedLengthsEqualsGenerate) {
   testing::TinyModel m;
-  runtime::EngineStats s;
-  run_batch_and_compare(m, testing::small_config(), mixed_requests(m, 16), &s);
+  const runtime::EngineStats s = run_and_compare(m, testing::small_config(), mixed_requests(m, 16));
   EXPECT_EQ(s.preemptions, 0);
   EXPECT_GT(s.generated_tokens, 0);
 }
@@ -181,8 +154,7 @@ TEST(Engine, ChunkedPrefillOf3EqualsUnchunked) {
   testing::TinyModel m;
   EngineConfig c = testing::small_config();
   c.chunked_prefill_size = 3;
-  runtime::EngineStats s;
-  run_batch_and_compare(m, c, mixed_requests(m, 8, 2), &s);
+  const runtime::EngineStats s = run_and_compare(m, c, mixed_requests(m, 8, 2));
   // Each step holds at most 3 prompt tokens, so the prompts took many steps.
   int64_t prompt_total = 0;
   for (const auto& p : mixed_requests(m, 8, 2)) prompt_total += int64_t(p.prompt.size());
@@ -198,8 +170,7 @@ TEST(Engine, PreemptionByRecomputeKeepsGreedyTokens) {
   std::vector<RequestParams> requests;
   for (int i = 0; i < 4; ++i)
     requests.push_back(testing::greedy(testing::random_prompt(rng, 10 + 3 * i, m.vocab()), 20));
-  runtime::EngineStats s;
-  run_batch_and_compare(m, c, requests, &s);
+  const runtime::EngineStats s = run_and_compare(m, c, requests);
   EXPECT_GT(s.preemptions, 0);
   std::printf("%lld preemptions, %lld steps\n", (long long)s.preemptions, (long long)s.steps);
 }
@@ -208,11 +179,9 @@ TEST(Engine, ContinuousDecodeStepsGiveTheSameTokens) {
   testing::TinyModel m;
   EngineConfig c = testing::small_config();
   c.num_continuous_decode_steps = 4;
-  runtime::EngineStats s4;
-  run_batch_and_compare(m, c, mixed_requests(m, 6, 4), &s4);
+  const runtime::EngineStats s4 = run_and_compare(m, c, mixed_requests(m, 6, 4));
   c.num_continuous_decode_steps = 1;
-  runtime::EngineStats s1;
-  run_batch_and_compare(m, c, mixed_requests(m, 6, 4), &s1);
+  const runtime::EngineStats s1 = run_and_compare(m, c, mixed_requests(m, 6, 4));
   EXPECT_EQ(s4.generated_tokens, s1.generated_tokens);
 }
 

@@ -119,4 +119,37 @@ inline runtime::RequestParams greedy(std::vector<int32_t> prompt, int64_t max_ne
   return p;
 }
 
+// n requests: prompts of 1 + (7i + 3) mod 45 tokens (1 to 45), 3 to 16 new tokens each.
+inline std::vector<runtime::RequestParams> mixed_requests(const TinyModel& m, int n, uint32_t seed = 1) {
+  std::mt19937 rng(seed);
+  std::vector<runtime::RequestParams> out;
+  for (int i = 0; i < n; ++i)
+    out.push_back(greedy(random_prompt(rng, 1 + (i * 7 + 3) % 45, m.vocab()), 3 + (i * 5) % 14));
+  return out;
+}
+
+// Every request through one engine, each checked against itself alone through generate():
+// all submitted before the first step, or (staggered) request i after i % 3 steps of the
+// ones before it. The engine must end empty. `what` prefixes the failure messages.
+inline runtime::EngineStats run_and_compare(TinyModel& m, const runtime::EngineConfig& config,
+                                            const std::vector<runtime::RequestParams>& requests,
+                                            bool staggered = false, const std::string& what = "") {
+  runtime::Engine engine(*m.model, *m.backend, config);
+  Collector out;
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ids.push_back(submit_ok(engine, requests[i], out));
+    if (staggered)
+      for (size_t k = 0; k < i % 3; ++k) engine.step();
+  }
+  drain(engine);
+  for (size_t i = 0; i < requests.size(); ++i)
+    expect_matches_generate(m, requests[i], out.by_id[ids[i]], what + "request " + std::to_string(i));
+  const auto s = engine.stats();
+  EXPECT_EQ(s.running, 0) << what;
+  EXPECT_EQ(s.waiting, 0) << what;
+  EXPECT_EQ(s.kv_blocks_used, 0) << what;
+  return s;
+}
+
 }  // namespace tetra::testing
