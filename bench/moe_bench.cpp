@@ -144,7 +144,7 @@ struct Row {
   std::string shape, routing, config, why;
   int tokens = 0, distinct = 0;
   Stats nvfp4, bf16;
-  std::vector<std::pair<int, Stats>> sweep;
+  std::vector<std::pair<std::string, Stats>> sweep;  // (configuration, time)
   std::map<std::string, double> stage_us, stage_gbps;  // --breakdown
   double bytes = 0, flops = 0, floor_us = 0;
 };
@@ -162,10 +162,10 @@ void print_row(const Row& r) {
               r.nvfp4.min_us, r.nvfp4.max_us, r.bytes / s * 1e-9, 100.0 * r.floor_us / r.nvfp4.median_us,
               r.flops / s * 1e-12, r.bf16.median_us,
               r.bf16.median_us > 0 ? r.bf16.median_us / r.nvfp4.median_us : 0.0, r.config.c_str());
-  for (const auto& [tile, st] : r.sweep)
-    std::printf("%-11s %-7s %6s %5s %10.1f %10.1f %10.1f %8.0f %6.1f%%  (tile_tokens=%d)\n", "", "", "",
-                "", st.median_us, st.min_us, st.max_us, r.bytes / (st.median_us * 1e-6) * 1e-9,
-                100.0 * r.floor_us / st.median_us, tile);
+  for (const auto& [config, st] : r.sweep)
+    std::printf("%-11s %-7s %6s %5s %10.1f %10.1f %10.1f %8.0f %6.1f%%  (%s)\n", "", "", "", "", st.median_us,
+                st.min_us, st.max_us, r.bytes / (st.median_us * 1e-6) * 1e-9, 100.0 * r.floor_us / st.median_us,
+                config.c_str());
 }
 
 nlohmann::json to_json(const Row& r) {
@@ -179,7 +179,7 @@ nlohmann::json to_json(const Row& r) {
                    {"floor_us", r.floor_us}, {"pct_of_floor", 100.0 * r.floor_us / r.nvfp4.median_us},
                    {"tflops", r.flops / s * 1e-12}, {"config", r.config}, {"why", r.why}};
   if (r.bf16.median_us > 0) j["bf16_cublas"] = stats(r.bf16);
-  for (const auto& [tile, st] : r.sweep) j["sweep"][std::to_string(tile)] = stats(st);
+  for (const auto& [config, st] : r.sweep) j["sweep"][config] = stats(st);
   for (const auto& [stage, us] : r.stage_us) j["stages_us"][stage] = us;
   return j;
 }
@@ -288,7 +288,8 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
       ops::cuda::MoeConfig cfg;
       if (opt.tile_tokens) {
         cfg.tile_tokens = opt.tile_tokens;
-        cfg.why = "forced by --tile";
+        cfg.fused = opt.fused;
+        cfg.why = opt.fused ? "forced by --fused" : "forced by --tile";
       } else {
         // Outside capture: the tuner times its candidates unless the cache has this bucket.
         cfg = ops::cuda::pick_moe_config(ctx, *fp4[0], T, k);
@@ -297,7 +298,15 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
       r.config = cfg.str();
       r.why = cfg.why;
       r.nvfp4 = time_fp4(cfg);
-      if (opt.breakdown) {
+      if (opt.breakdown && cfg.fused) {
+        // One kernel: the route and the rest.
+        r.stage_us["route"] = [&] {
+          std::vector<std::unique_ptr<Graph>> g;
+          g.push_back(capture(stream, [&] { ops::cuda::route(ctx, v_logits, rs, v_ids, v_w); }));
+          return time_graphs(stream, g, opt.iters).median_us;
+        }();
+        r.stage_us["fused"] = r.nvfp4.median_us - r.stage_us["route"];
+      } else if (opt.breakdown) {
         // Each stage alone, replayed from the state a full run left in the scratch (same
         // inputs, same work items), weights rotated as above: where the layer's time goes.
         ops::cuda::moe_experts(ctx, v_x, v_ids, v_w, *fp4[0], v_out, cfg);
@@ -334,9 +343,13 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
         r.stage_gbps["down"] = n_ex * (ex0.w2_expert_bytes() + ex0.w2_scale_expert_bytes()) /
                                (r.stage_us["down"] * 1e-6) * 1e-9;
       }
-      if (opt.sweep_tiles)
+      if (opt.sweep_tiles) {
+        std::vector<ops::cuda::MoeConfig> configs;
         for (int tile : ops::cuda::moe_tile_choices(ops::WeightFormat::Nvfp4))
-          r.sweep.push_back({tile, time_fp4(ops::cuda::MoeConfig{tile, false, "sweep"})});
+          configs.push_back(ops::cuda::MoeConfig{tile, false, "sweep"});
+        if (ops::cuda::moe_decode_takes(dynamic_cast<const ops::cuda::CudaMoeExperts&>(*fp4[0]), T, k)) configs.push_back(ops::cuda::MoeConfig{8, false, "sweep", true});
+        for (const auto& c : configs) r.sweep.push_back({c.str(), time_fp4(c)});
+      }
 
       if (opt.baseline) {
         const HostGrouping grouping = group_by_expert(hids, T, k, E, ms.shared_expert);
@@ -359,7 +372,10 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
       } else {
         print_row(r);
         if (opt.verbose) std::printf("%-11s   config: %s (%s)\n", "", r.config.c_str(), r.why.c_str());
-        if (!r.stage_us.empty())
+        if (r.stage_us.count("fused"))
+          std::printf("%-11s   stages: route %.1f us, fused layer %.1f us (%.0f GB/s of weights)\n", "",
+                      r.stage_us["route"], r.stage_us["fused"], r.bytes / (r.stage_us["fused"] * 1e-6) * 1e-9);
+        else if (!r.stage_us.empty())
           std::printf("%-11s   stages: route %.1f us, permute %.1f us, gate_up %.1f us (%.0f GB/s), "
                       "down %.1f us (%.0f GB/s), combine %.1f us\n",
                       "", r.stage_us["route"], r.stage_us["permute"], r.stage_us["gate_up"],

@@ -13,7 +13,8 @@ struct MoeBenchOptions {
   std::vector<std::string> routings{"uniform", "skewed"};
   int iters = 30;            // timed runs per measurement (median, min, max reported)
   int tile_tokens = 0;       // force a GEMM tile (8, 16, 32, 64, 128, 192, 256); 0 = the tuner's choice
-  bool sweep_tiles = false;  // also time every tile and report each
+  bool fused = false;        // force the fused decode kernel (tile_tokens 8)
+  bool sweep_tiles = false;  // also time every tile (and the fused kernel where it takes T) and report each
   bool breakdown = false;    // also time each stage (route, permute, gate_up, down, combine)
   bool baseline = true;      // BF16 weights through cuBLAS in the same run
   bool json = false;

@@ -33,7 +33,7 @@ int bench_moe(int argc, char** argv) {
   std::string shapes = "glm5,deepseek-v3,qwen3-30b", tokens = "1,4,16,64,256,1024,4096,16384";
   std::string routing = "uniform,skewed";
   int iters = 30, tile = 0;
-  bool sweep = false, breakdown = false, no_baseline = false, json = false, verbose = false;
+  bool sweep = false, breakdown = false, no_baseline = false, json = false, verbose = false, fused = false;
   app.add_option("--shape", shapes, "comma-separated shapes: glm5, deepseek-v3, qwen3-30b");
   app.add_option("--tokens", tokens, "comma-separated token counts (1..65536)");
   app.add_option("--routing", routing, "comma-separated routings: uniform, skewed");
@@ -41,7 +41,10 @@ int bench_moe(int argc, char** argv) {
       ->check(CLI::Range(1, 10000));
   app.add_option("--tile", tile, "force the GEMM tile width in tokens (8, 16, 32, 64, 128, 192, 256)")
       ->check(CLI::IsMember({0, 8, 16, 32, 64, 128, 192, 256}));
-  app.add_flag("--sweep", sweep, "also time every tile width and print each");
+  app.add_flag("--fused", fused,
+               "force the fused decode kernel (the whole layer in one launch, items of 8 tokens; up to 64 tokens)")
+      ->excludes("--tile");
+  app.add_flag("--sweep", sweep, "also time every tile width (and the fused decode kernel) and print each");
   app.add_flag("--breakdown", breakdown, "also time each stage of the layer alone");
   app.add_flag("--no-baseline", no_baseline, "skip the BF16 cuBLAS baseline");
   app.add_flag("--json", json, "print one JSON object on stdout");
@@ -64,7 +67,8 @@ int bench_moe(int argc, char** argv) {
   }
   opt.routings = split_list(routing);
   opt.iters = iters;
-  opt.tile_tokens = tile;
+  opt.tile_tokens = fused ? 8 : tile;
+  opt.fused = fused;
   opt.sweep_tiles = sweep;
   opt.breakdown = breakdown;
   opt.baseline = !no_baseline;

@@ -1,6 +1,7 @@
 // Host side of the CUDA MoE layer: argument checks, scratch layout, and the launch sequence
 // route -> permute -> gate/up (+SiLU) -> down -> combine. No host synchronization.
 #include <algorithm>
+#include <vector>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/moe_internal.h"
@@ -34,7 +35,7 @@ void check_view(TensorView v, DType dtype, int64_t rows, int64_t cols, const cha
 
 }  // namespace
 
-std::string MoeConfig::str() const { return str_cat("tile_tokens=", tile_tokens); }
+std::string MoeConfig::str() const { return fused ? "fused decode" : str_cat("tile_tokens=", tile_tokens); }
 
 std::span<const int> moe_tile_choices(WeightFormat format) {
   static constexpr int kNvfp4[] = {8, 16, 32, 64, 128, 192, 256};  // 64 and up: wgmma
@@ -109,21 +110,29 @@ MoeConfig heuristic_config(const CudaMoeExperts& ex, int64_t n_tokens, int top_k
   c.tile_tokens = per_expert <= 6 ? 8 : per_expert <= 12 ? 16 : per_expert <= 48 ? 32 : 64;
   if (ex.format == WeightFormat::Nvfp4 && per_expert > 96)
     c.tile_tokens = per_expert <= 128 ? 128 : per_expert <= 192 ? 192 : 256;
+  // Where tiles of 8 fit, the fused kernel streams the same bytes without the permute and
+  // combine launches.
+  c.fused = c.tile_tokens == 8 && moe_decode_takes(ex, n_tokens, top_k);
   c.why = str_cat("heuristic: ", per_expert, " tokens per active expert");
   return c;
 }
 
 std::string tune_key(const Context& ctx, const CudaMoeExperts& ex, int64_t n_tokens, int top_k) {
   const std::string gpu = ctx.props && !ctx.props->name.empty() ? ctx.props->name : "unnamed GPU";
-  return str_cat(gpu, "|", ex.format == WeightFormat::Nvfp4 ? "nvfp4" : "bf16", "|H", ex.shape.hidden,
+  // v2: the fused decode kernel joined the candidates, so older entries are retuned.
+  return str_cat("v2|", gpu, "|", ex.format == WeightFormat::Nvfp4 ? "nvfp4" : "bf16", "|H", ex.shape.hidden,
                  "|I", ex.shape.intermediate, "|E", ex.n_stored(), "|k", top_k, "|T",
                  moe_token_bucket(n_tokens));
 }
 
 void enqueue_layer(cudaStream_t stream, const CudaMoeExperts& ex, TensorView x, TensorView ids,
-                   TensorView weights, TensorView out, const MoeScratch& s, int tile_tokens) {
+                   TensorView weights, TensorView out, const MoeScratch& s, const MoeConfig& config) {
   const int64_t T = x.dim(0);
   const int top_k = int(ids.dim(1));
+  if (config.fused)
+    return launch_moe_decode(stream, ex, x.as<const uint16_t>(), ids.as<const int>(), weights.as<const float>(),
+                             int(T), top_k, s, out.as<uint16_t>());
+  const int tile_tokens = config.tile_tokens;
   launch_permute(stream, ids.as<const int>(), int(T), top_k, ex.shape.n_experts,
                  ex.shape.shared_expert, tile_tokens, s);
   launch_gate_up(stream, ex, x.as<const uint16_t>(), s, tile_tokens);
@@ -148,33 +157,37 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
   cudaEvent_t e0, e1;
   TETRA_CUDA_CHECK(cudaEventCreate(&e0));
   TETRA_CUDA_CHECK(cudaEventCreate(&e1));
+  // The heuristic's tile and its neighbours, and the fused kernel where it takes the call.
+  std::vector<MoeConfig> candidates;
+  for (int i = std::max(hi - 1, 0); i <= std::min(hi + 1, int(tiles.size()) - 1); ++i)
+    candidates.push_back(MoeConfig{tiles[i]});
+  if (moe_decode_takes(ex, T, top_k)) candidates.push_back(MoeConfig{8, false, "", true});
   MoeConfig best;
   float best_ms = 0;
   std::string report;
-  for (int i = 0; i < int(tiles.size()); ++i) {
-    if (i < hi - 1 || i > hi + 1) continue;  // the heuristic's neighbours only
-    const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, tiles[i]);
-    enqueue_layer(stream, ex, x, ids, weights, out, s, tiles[i]);
+  for (const MoeConfig& c : candidates) {
+    const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, c.tile_tokens);
+    enqueue_layer(stream, ex, x, ids, weights, out, s, c);
     float ms = 1e30f;
     for (int r = 0; r < 3; ++r) {
       TETRA_CUDA_CHECK(cudaEventRecord(e0, stream));
-      enqueue_layer(stream, ex, x, ids, weights, out, s, tiles[i]);
+      enqueue_layer(stream, ex, x, ids, weights, out, s, c);
       TETRA_CUDA_CHECK(cudaEventRecord(e1, stream));
       TETRA_CUDA_CHECK(cudaEventSynchronize(e1));
       float t = 0;
       TETRA_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
       ms = std::min(ms, t);
     }
-    report += str_cat(report.empty() ? "" : ", ", "tile ", tiles[i], " ", int(ms * 1000), " us");
-    if (best.tile_tokens == 0 || ms < best_ms) best.tile_tokens = tiles[i], best_ms = ms;
+    report += str_cat(report.empty() ? "" : ", ", c.str(), " ", int(ms * 1000), " us");
+    if (best.tile_tokens == 0 || ms < best_ms) best = c, best_ms = ms;
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   best.why = str_cat("fastest at T=", T, " of ", report);
   ex.tuner->store(key, best);
-  // Leave the chosen configuration's result in `out` (the last run was another tile's).
+  // Leave the chosen configuration's result in `out` (the last run was another's).
   const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, best.tile_tokens);
-  enqueue_layer(stream, ex, x, ids, weights, out, s, best.tile_tokens);
+  enqueue_layer(stream, ex, x, ids, weights, out, s, best);
   return *ex.tuner->find(key);
 }
 
@@ -243,8 +256,13 @@ void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView we
   TETRA_CHECK(std::find(tiles.begin(), tiles.end(), config.tile_tokens) != tiles.end(), "moe: tile_tokens ",
               config.tile_tokens, " is not one the kernels take for ",
               ex.format == WeightFormat::Nvfp4 ? "NVFP4" : "BF16", " experts");
+  TETRA_CHECK(!config.fused || (config.tile_tokens == 8 && moe_decode_takes(ex, T, top_k)),
+              "moe: the fused decode kernel takes NVFP4 experts with hidden and intermediate sizes that are ",
+              "multiples of 256 and at most ", kMoeDecodeMaxTokens, " tokens (", kMoeDecodeMaxRows,
+              " token-expert rows), in items of 8 tokens; not H ", ex.shape.hidden, ", I ", ex.shape.intermediate,
+              ", T ", T, ", top-k ", top_k, ", tile_tokens ", config.tile_tokens);
   const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, config.tile_tokens);
-  enqueue_layer(stream, ex, x, ids, weights, out, s, config.tile_tokens);
+  enqueue_layer(stream, ex, x, ids, weights, out, s, config);
 }
 
 }  // namespace tetra::ops::cuda

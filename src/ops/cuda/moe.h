@@ -62,6 +62,9 @@ struct MoeConfig {
   int tile_tokens = 0;
   bool tuned = false;   // chosen by timing (else by the heuristic or forced)
   std::string why;      // what chose it, for --verbose
+  // The whole layer in one persistent kernel (NVFP4, a few tokens: moe_decode_takes); its
+  // work items are 8 tokens of one expert, so tile_tokens is 8.
+  bool fused = false;
   std::string str() const;
 };
 

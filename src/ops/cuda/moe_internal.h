@@ -15,6 +15,23 @@ namespace tetra::ops::cuda {
 // Rows of the weight matrices each k-chunk of the GEMM kernels covers: 4 lanes x 32 values.
 inline constexpr int kMoeChunkK = 128;
 
+// The fused decode kernel's bounds (sm90_moe_decode.cu): tokens, (token, expert) rows, and
+// the work items those rows can make (one per expert touched, plus one per 8 rows).
+inline constexpr int kMoeDecodeMaxTokens = 64;
+inline constexpr int kMoeDecodeMaxRows = 512;
+inline constexpr int kMoeDecodeMaxItems = kMoeDecodeMaxRows + kMoeDecodeMaxRows / 8;
+
+// Device counters through which the blocks of the fused decode kernel hand work to each
+// other. Every launch leaves them zero (the block that uses a counter last resets it), so
+// they are zeroed once, when the experts are made.
+struct MoeDecodeControl {
+  int* next_unit = nullptr;     // [1] the next unit to take
+  int* exited = nullptr;        // [1] blocks that have finished
+  int* item_gate_up = nullptr;  // [kMoeDecodeMaxItems] gate/up units done per item
+  int* item_down = nullptr;     // [kMoeDecodeMaxItems] down units done per item
+  int* tile_count = nullptr;    // [kMoeDecodeMaxTokens, H/32] slots done per (token, column tile)
+};
+
 // Device weights of all experts, expert-major. E' = n_experts (+1 for the shared expert,
 // stored last). NVFP4 data keeps the checkpoint's row-major [n_out, n_in/2] bytes and
 // [n_out, n_in/16] E4M3 scales, except that the 8 nibbles of every 32-bit word are permuted
@@ -48,6 +65,8 @@ class CudaMoeExperts final : public MoeExperts {
   // Hidden and intermediate sizes on the fast kernels' grid (multiples of 128); else the
   // general kernels (moe_general.cu) run these experts.
   bool fast = false;
+  // NVFP4 experts on the fast grid: the fused decode kernel's counters (one allocation).
+  MoeDecodeControl decode_ctl;
 
   int64_t w13_expert_bytes() const;
   int64_t w2_expert_bytes() const;
@@ -128,6 +147,13 @@ void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_
                     const MoeScratch& s, int tile_tokens);
 void launch_down(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
                  int tile_tokens);
+
+// ---- the fused decode kernel (sm90_moe_decode.cu): grouping, gate/up, down and combine in
+// one launch, for a few tokens ----
+bool moe_decode_takes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k);
+// s: a scratch carved for tile 8 (only its h and y are used).
+void launch_moe_decode(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x, const int* ids,
+                       const float* weights, int n_tokens, int top_k, const MoeScratch& s, uint16_t* out);
 
 // ---- launchers (sm90_moe_wgmma.cu) ----
 void launch_gate_up_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,

@@ -30,6 +30,12 @@ CudaMoeExperts::CudaMoeExperts(const MoeShape& s, WeightFormat f, MoeTuner* t,
   if (down_format == WeightFormat::Nvfp4)
     w2_scale = static_cast<uint8_t*>(device_alloc(n * w2_scale_expert_bytes(), "the experts' scales"));
   global_scale = static_cast<float*>(device_alloc(n * 3 * int64_t(sizeof(float)), "the experts' scales"));
+  if (fast && format == WeightFormat::Nvfp4) {
+    const int64_t ints = 2 + 2 * int64_t(kMoeDecodeMaxItems) + kMoeDecodeMaxTokens * (s.hidden / 32);
+    auto* ctl = static_cast<int*>(device_alloc(ints * int64_t(sizeof(int)), "the fused decode kernel's counters"));
+    TETRA_CUDA_CHECK(cudaMemset(ctl, 0, size_t(ints) * sizeof(int)));
+    decode_ctl = MoeDecodeControl{ctl, ctl + 1, ctl + 2, ctl + 2 + kMoeDecodeMaxItems, ctl + 2 + 2 * kMoeDecodeMaxItems};
+  }
 }
 
 CudaMoeExperts::~CudaMoeExperts() {
@@ -39,6 +45,7 @@ CudaMoeExperts::~CudaMoeExperts() {
   cudaFree(w13_scale);
   cudaFree(w2_scale);
   cudaFree(global_scale);
+  cudaFree(decode_ctl.next_unit);
 }
 
 int64_t CudaMoeExperts::w13_expert_bytes() const {

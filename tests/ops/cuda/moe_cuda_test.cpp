@@ -166,14 +166,24 @@ void run_case(const MoeCase& c) {
   CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   ctx.workspace = Workspace{ws.p, ws_bytes};
 
+  // The fused decode kernel takes NVFP4 experts on the fast grid (H and I multiples of 128) up
+  // to 64 tokens and 512 (token, expert) rows; anything else must be refused, not misread.
+  const int kk = c.k + (c.shared ? 1 : 0);
+  const bool fused_takes = c.format == WeightFormat::Nvfp4 && c.H % 128 == 0 && c.I % 128 == 0 && c.T <= 64 &&
+                           c.T * kk <= 512;
+  std::vector<MoeConfig> configs;
   // 0: the tuner's choice (tune_moe times the candidates first, into a test-local cache).
-  for (int tile : {0, 8, 16, 32, 64, 128, 192, 256}) {
-    SCOPED_TRACE(testing::Message() << c.name << " tile_tokens=" << tile);
-    if (tile >= 128 && c.format == WeightFormat::Dense) {
+  for (int tile : {0, 8, 16, 32, 64, 128, 192, 256}) configs.push_back(MoeConfig{tile});
+  configs.push_back(MoeConfig{8, false, "", true});
+  for (const MoeConfig& config : configs) {
+    const int tile = config.tile_tokens;
+    SCOPED_TRACE(testing::Message() << c.name << " " << config.str());
+    const bool refused = (tile >= 128 && c.format == WeightFormat::Dense) || (config.fused && !fused_takes);
+    if (refused) {
       // Tiles of 128 tokens and more are the NVFP4 wgmma path; BF16 experts must be refused, not misread.
       EXPECT_THROW(moe_experts(ctx, dev_view(dx.p, DType::BF16, {c.T, c.H}),
                                dev_view(dids.p, DType::I32, {c.T, c.k}), dev_view(dw.p, DType::F32, {c.T, c.k}),
-                               *prepared, dev_view(dout.p, DType::BF16, {c.T, c.H}), MoeConfig{tile}),
+                               *prepared, dev_view(dout.p, DType::BF16, {c.T, c.H}), config),
                    Error);
       continue;
     }
@@ -185,7 +195,7 @@ void run_case(const MoeCase& c) {
     CK(cudaMemset(dout.p, 0xff, x.size() * 2));
     moe_experts(ctx, dev_view(dx.p, DType::BF16, {c.T, c.H}), dev_view(dids.p, DType::I32, {c.T, c.k}),
                 dev_view(dw.p, DType::F32, {c.T, c.k}), *prepared,
-                dev_view(dout.p, DType::BF16, {c.T, c.H}), MoeConfig{tile});
+                dev_view(dout.p, DType::BF16, {c.T, c.H}), config);
     CK(cudaDeviceSynchronize());
     std::vector<uint16_t> out(x.size());
     CK(cudaMemcpy(out.data(), dout.p, out.size() * 2, cudaMemcpyDeviceToHost));
@@ -240,6 +250,15 @@ INSTANTIATE_TEST_SUITE_P(
                     // Past one wgmma tile (128 to 256 tokens) per expert: full tiles plus partial ones.
                     MoeCase{"prefill", 256, 128, 8, 2, 300, Ids::Random, true, F4},
                     MoeCase{"one_expert_prefill", 384, 256, 8, 1, 300, Ids::OneExpert, false, F4},
+                    // For the fused decode kernel: one token; a shared expert; more than 8 tokens on
+                    // one expert (several items each); 512 rows, its limit; Qwen3-30B-A3B's I = 768
+                    // (6 chunks over 8 warps: some have none); 65 tokens, one past its limit.
+                    MoeCase{"fused_one_token", 512, 256, 16, 4, 1, Ids::Random, false, F4},
+                    MoeCase{"fused_shared", 512, 256, 16, 4, 7, Ids::Random, true, F4},
+                    MoeCase{"fused_one_expert", 512, 256, 8, 2, 40, Ids::OneExpert, true, F4},
+                    MoeCase{"fused_max_rows", 256, 512, 64, 7, 64, Ids::Random, true, F4},
+                    MoeCase{"fused_partial_stage", 1024, 768, 32, 8, 3, Ids::Random, false, F4},
+                    MoeCase{"fused_too_many", 256, 256, 16, 2, 65, Ids::Random, false, F4},
                     MoeCase{"bf16_off_grid", 256, 128, 16, 4, 37, Ids::Random, false, BF},
                     MoeCase{"bf16_shared_one", 256, 128, 8, 2, 1, Ids::Random, true, BF}),
     [](const testing::TestParamInfo<MoeCase>& i) { return std::string(i.param.name); });
