@@ -218,7 +218,8 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
 
   DeviceMem x(size_t(t_max) * H * 2), logits(size_t(t_max) * E * 4), bias(size_t(E) * 4),
       ids(size_t(t_max) * k * 4), weights(size_t(t_max) * k * 4), out(size_t(t_max) * H * 2);
-  ops::cuda::fill_random(stream, TensorView{x.p, DType::BF16, {int64_t(t_max) * H}, Device::Cuda}, {.scale = 1.0f}, 7);
+  ops::cuda::fill_random({.stream = stream}, TensorView{x.p, DType::BF16, {int64_t(t_max) * H}, Device::Cuda},
+                         {.scale = 1.0f}, 7);
   std::vector<float> skew_bias(static_cast<size_t>(E));
   {
     std::mt19937 rng(3);

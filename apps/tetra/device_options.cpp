@@ -14,6 +14,9 @@ void add_device_flags(CLI::App& app, DeviceFlags& flags, bool load_format) {
                    "auto (the safetensors checkpoint) or dummy (random weights from config.json alone)")
         ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
   app.add_option("--threads", flags.threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 4096));
+  app.add_flag("--disable-pdl", flags.disable_pdl,
+               "GPU: launch kernels without programmatic dependent launch (with it, on Hopper, a kernel "
+               "starts while the one before it drains)");
 }
 
 CLI::Option* add_hf_overrides_flag(CLI::App& app, std::string& overrides) {
@@ -33,6 +36,7 @@ ops::BackendOptions backend_options(const DeviceFlags& flags) {
   ops::BackendOptions o;
   o.device = flags.device;
   o.n_threads = flags.threads;
+  o.pdl = !flags.disable_pdl;
   o.moe_tune_cache = moe_tune_cache_path();
   const char* autotune = std::getenv("TETRA_MOE_AUTOTUNE");
   o.moe_autotune = !(autotune && std::string(autotune) == "0");

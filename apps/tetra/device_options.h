@@ -1,6 +1,6 @@
-// The flags every command that loads a model shares (--device, --load-format, --hf-overrides) and
-// what the environment says about the backend (the MoE tuning cache). Commands read the
-// environment here; ops never do.
+// The flags every command that loads a model shares (--device, --load-format, --hf-overrides,
+// --disable-pdl) and what the environment says about the backend (the MoE tuning cache).
+// Commands read the environment here; ops never do.
 #pragma once
 
 #include <string>
@@ -18,9 +18,10 @@ struct DeviceFlags {
   std::string device = "auto";       // auto: cuda where a GPU answers, else cpu
   std::string load_format = "auto";  // auto: the checkpoint's safetensors; dummy: random weights
   int threads = 0;                   // CPU backend threads
+  bool disable_pdl = false;          // GPU: kernels launch without programmatic dependent launch
 };
 
-// Adds --device and --threads (and --load-format) to a command.
+// Adds --device, --threads and --disable-pdl (and --load-format) to a command.
 void add_device_flags(CLI::App& app, DeviceFlags& flags, bool load_format = true);
 
 // Adds --hf-overrides (SGLang's --json-model-override-args): a JSON object merged into

@@ -23,7 +23,8 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
 #ifdef TETRA_HAVE_CUDA
   return cuda::make_cuda_backend({.device_index = o.device_index,
                                   .moe_tune_cache = o.moe_tune_cache,
-                                  .moe_autotune = o.moe_autotune});
+                                  .moe_autotune = o.moe_autotune,
+                                  .pdl = o.pdl});
 #else
   fail("--device cuda: this build of tetra has no CUDA backend (it was built without nvcc or with TETRA_CUDA=OFF)");
 #endif

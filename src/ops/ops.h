@@ -14,8 +14,8 @@
 // - Tensors passed to an op live on the backend's device. Nothing inside an op waits on the
 //   host: metadata (positions, slots, block tables) is uploaded once per step by the caller.
 // - Every op takes an explicit Context (stream, thread pool, step arena, device properties,
-//   the rank's communicator), passed down by the caller; ops never read the environment or
-//   query the device.
+//   the rank's communicator, whether CUDA kernels launch with PDL), passed down by the caller;
+//   ops never read the environment or query the device.
 #pragma once
 
 #include <cstddef>
@@ -56,6 +56,10 @@ struct Context {
   Workspace workspace;             // raw kernel entry points only (benchmarks); ops use arena
   const DeviceProps* props = nullptr;
   Communicator* comm = nullptr;    // this rank's collectives (ops/communicator.h); null: one rank
+  // CUDA: the backend's own kernels launch with programmatic dependent launch (each may start
+  // while the one before it drains; ops/cuda/launch.cuh). Set by the backend where the device
+  // has it (compute capability 9.0 and up) unless --disable-pdl; results are the same either way.
+  bool pdl = false;
 };
 
 enum class WeightFormat : uint8_t {
@@ -417,6 +421,7 @@ struct BackendOptions {
   int device_index = 0;          // CUDA device
   std::string moe_tune_cache;    // the MoE tuning cache file ("" keeps tunings in memory)
   bool moe_autotune = true;      // time the MoE tiles at warm-up (else the heuristic decides)
+  bool pdl = true;               // CUDA: programmatic dependent launch where the device has it
 };
 // Throws one sentence when the device asked for is not there (e.g. cuda without a GPU or
 // in a build without CUDA).

@@ -262,6 +262,22 @@ TEST(Cli, HelpShowsDefaults) {
   EXPECT_NE(option_line(eval.out, "--window").find("512"), std::string::npos) << eval.out;
 }
 
+// --disable-pdl on every command that builds an engine (serve, generate, eval, bench decode);
+// on the CPU backend it changes nothing.
+TEST(Cli, DisablePdlOnEveryEngineCommand) {
+  for (const char* cmd : {"serve", "generate", "eval", "bench decode"}) {
+    const auto help = run_cli(std::string(cmd) + " --help");
+    ASSERT_EQ(help.exit_code, 0) << cmd << ": " << help.err;
+    EXPECT_NE(help.out.find("--disable-pdl"), std::string::npos) << cmd << ":\n" << help.out;
+  }
+  const std::string args = "generate --model " + kFixture.string() +
+                           " --device cpu --prompt-ids 1,2,3 --max-new-tokens 3 --ignore-eos --json";
+  const auto plain = run_cli(args), no_pdl = run_cli(args + " --disable-pdl");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(no_pdl.exit_code, 0) << no_pdl.err;
+  EXPECT_EQ(nlohmann::json::parse(no_pdl.out)["fingerprint"], nlohmann::json::parse(plain.out)["fingerprint"]);
+}
+
 class EvalIds : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -866,5 +866,137 @@ TEST_F(BackendParity, SampleGreedyAndSeeded) {
   }
 }
 
+// Programmatic dependent launch (ops/cuda/launch.cuh): a decode-shaped chain of dependent
+// kernels on the GPU alone (embedding, fused residual norms, q/k/v and MLP GEMVs, qk-norm and
+// rope with the cache writes, split-KV attention and its combine, SiLU, a gather, the LM head,
+// sampling; a memset and a host copy among them), each reading what the one before wrote and
+// several rewriting their inputs in place, gives the plain launches' bits with PDL, eagerly
+// and replayed from a CUDA graph. A kernel that touched global memory before its pdl_wait
+// would read (or clobber) its predecessor's data while that still runs, and differ here
+// sooner or later.
+TEST_F(BackendParity, PdlChainGivesThePlainLaunchesBits) {
+  ASSERT_TRUE(gpu->ctx.pdl) << "the CUDA backend turns PDL on for a compute capability 9.0 device";
+  EXPECT_NE(gpu->b->name().find("PDL on"), std::string::npos) << gpu->b->name();
+  Side& g = *gpu;
+  const int64_t hidden = 512, heads = 8, kv_heads = 2, dim = 64, inter = 768, vocab = 1000;
+  const int n_layers = 6, bs = 16;
+  // Four sequences of one decode token each, over cached prefixes (split-KV plus combine).
+  const PagedSteps steps = paged_steps({{300, 1}, {37, 1}, {0, 1}, {1000, 1}}, bs, rng);
+  const int64_t t = steps.now.n;
+  std::vector<HostLinear> hosts;  // uploads are queued: the host bytes stay until synchronize
+  hosts.reserve(8);
+  const auto weight = [&](int64_t n_out, int64_t n_in) {
+    hosts.push_back(host_linear(WeightFormat::Dense, DType::BF16, n_out, n_in, false));
+    return g.b->upload(hosts.back().view);
+  };
+  const LinearWeight wq = weight(heads * dim, hidden), wk = weight(kv_heads * dim, hidden),
+                     wv = weight(kv_heads * dim, hidden), wo = weight(hidden, heads * dim),
+                     w_gate = weight(inter, hidden), w_up = weight(inter, hidden), w_down = weight(hidden, inter),
+                     lm_head = weight(vocab, hidden);
+  g.b->synchronize();
+  const TensorView table = g.put(randn(vocab * hidden), {vocab, hidden}, DType::BF16);
+  const TensorView norm_attn = g.put(randn(hidden, 0.3f), {hidden}, DType::BF16),
+                   norm_mlp = g.put(randn(hidden, 0.3f), {hidden}, DType::BF16),
+                   norm_final = g.put(randn(hidden, 0.3f), {hidden}, DType::BF16),
+                   q_norm = g.put(randn(dim, 0.5f), {dim}, DType::BF16),
+                   k_norm = g.put(randn(dim, 0.5f), {dim}, DType::BF16);
+  std::vector<float> inv(static_cast<size_t>(dim / 2));
+  for (int i = 0; i < dim / 2; ++i) inv[size_t(i)] = float(std::pow(10000.0, -2.0 * i / dim));
+  const RopeSpec rope{.inv_freq = g.put(inv, {dim / 2}, DType::F32), .rotary_dim = int(dim)};
+  const Shape cache_shape{steps.total_blocks, bs, kv_heads, dim};
+  const KvCacheLayer cache{g.out(cache_shape, g.b->kv_dtype()), g.out(cache_shape, g.b->kv_dtype()), {}};
+  g.b->kv_write(g.ctx, g.act(randn(steps.pre.n * kv_heads * dim), {steps.pre.n, kv_heads, dim}),
+                g.act(randn(steps.pre.n * kv_heads * dim), {steps.pre.n, kv_heads, dim}),
+                steps.pre.on(g, bs, steps.mbps), cache);
+  const AttentionBatch batch = steps.now.on(g, bs, steps.mbps);
+  std::vector<int32_t> ids(static_cast<size_t>(t));
+  for (auto& id : ids) id = int32_t(rng() % vocab);
+  const TensorView ids_v = g.ints(ids, {t}), order = g.ints({3, 1, 0, 2}, {t});
+  const TensorView delta0 = g.act(randn(t * hidden), {t, hidden});
+  const TensorView h = g.out_act({t, hidden}), delta = g.out_act({t, hidden}), x = g.out_act({t, hidden}),
+                   xg = g.out_act({t, hidden}), q = g.out_act({t, heads, dim}), k = g.out_act({t, kv_heads, dim}),
+                   v = g.out_act({t, kv_heads, dim}), attn = g.out_act({t, heads, dim}), gate = g.out_act({t, inter}),
+                   up = g.out_act({t, inter}), logits = g.out({t, vocab}, DType::F32);
+  const auto rows2d = [](TensorView a) {
+    a.shape = Shape{a.dim(0), a.numel() / a.dim(0)};
+    return a;
+  };
+  std::vector<SamplingRow> recs(static_cast<size_t>(t));
+  for (int64_t r = 0; r < t; ++r) {
+    recs[size_t(r)].temperature = r % 2 ? 0.8f : 0.0f;
+    recs[size_t(r)].n_top_logprobs = 5;
+    recs[size_t(r)].seed = uint64_t(7 + r);
+    recs[size_t(r)].position = 100 + r;
+  }
+  g.keep.push_back(g.b->alloc(DType::U8, {t * int64_t(sizeof(SamplingRow))}));
+  const TensorView rec_v = g.keep.back()->view();
+  g.keep.push_back(g.b->alloc_host(rec_v.nbytes()));  // pinned: the chain uploads the rows
+  void* recs_pinned = g.keep.back()->view().data;
+  std::memcpy(recs_pinned, recs.data(), size_t(rec_v.nbytes()));
+  g.keep.push_back(g.b->alloc(DType::U8, {t * int64_t(sizeof(SampledToken))}));
+  const TensorView sampled = g.keep.back()->view();
+  const TensorView none = g.ints({}, {0});
+
+  const auto chain = [&](const Context& c) {
+    g.arena->reset();
+    g.b->embedding(c, table, ids_v, h);
+    g.b->fill_zero(delta);  // a memset, then a PDL kernel rewriting what it set
+    g.b->copy_columns(c, delta0, 0, delta, 0, hidden);
+    for (int l = 0; l < n_layers; ++l) {
+      g.b->add_rms_norm(c, h, delta, norm_attn, 1e-6f, x);
+      const LinearPart qkv[] = {{&wq, rows2d(q)}, {&wk, rows2d(k)}, {&wv, rows2d(v)}};
+      g.b->linears(c, x, qkv);
+      g.b->qk_norm_rope_kv_write(c, q, k, v, q_norm, k_norm, 1e-6f, rope, batch, cache);
+      g.b->attention(c, q, cache, batch, 0.125f, attn);
+      g.b->linear(c, rows2d(attn), wo, delta);
+      g.b->add_rms_norm(c, h, delta, norm_mlp, 1e-6f, x);
+      const LinearPart gate_up[] = {{&w_gate, gate}, {&w_up, up}};
+      g.b->linears(c, x, gate_up);
+      g.b->silu_mul(c, gate, up, gate);
+      g.b->linear(c, gate, w_down, delta);
+      g.b->add(c, h, delta, h);
+    }
+    g.b->rms_norm(c, h, norm_final, 1e-6f, x);
+    g.b->gather_rows(c, x, order, xg);
+    g.b->linear(c, xg, lm_head, logits);
+    g.b->copy_from_host_async(c, rec_v, recs_pinned);  // a copy, then a PDL kernel reading it
+    g.b->sample(c, logits, rec_v, none, none, sampled);
+  };
+  // The chain's outputs as bytes: bit for bit, NaN-poisoned cache slots included.
+  const auto bytes = [&](TensorView out) {
+    std::vector<uint8_t> b(static_cast<size_t>(out.nbytes()));
+    g.b->copy_to_host(b.data(), out);
+    return b;
+  };
+  const TensorView outputs[] = {h, logits, cache.k, cache.v, sampled};
+  const char* names[] = {"the hidden state", "the logits", "the K cache", "the V cache", "the sampled tokens"};
+  std::vector<std::vector<uint8_t>> want;
+  const auto expect_plain_bits = [&](const std::string& when) {
+    for (size_t i = 0; i < std::size(outputs); ++i)
+      EXPECT_TRUE(bytes(outputs[i]) == want[i]) << when << ": " << names[i];
+  };
+  Context plain = g.ctx, pdl = g.ctx;
+  plain.pdl = false;
+  pdl.pdl = true;
+  chain(plain);  // the measuring pass: the arena grows to the chain's scratch, then stays
+  g.arena->freeze();
+  chain(plain);
+  for (const TensorView& o : outputs) want.push_back(bytes(o));
+  for (int i = 0; i < 3; ++i) {
+    chain(pdl);
+    expect_plain_bits("eager run " + std::to_string(i) + " with PDL");
+  }
+  const std::unique_ptr<Graph> graph_plain = g.b->capture(plain, [&] { chain(plain); });
+  const std::unique_ptr<Graph> graph_pdl = g.b->capture(pdl, [&] { chain(pdl); });
+  ASSERT_TRUE(graph_plain && graph_pdl);
+  EXPECT_EQ(graph_pdl->n_nodes(), graph_plain->n_nodes());
+  graph_plain->replay(plain);
+  expect_plain_bits("graph replay without PDL");
+  for (int i = 0; i < 5; ++i) {
+    graph_pdl->replay(pdl);
+    expect_plain_bits("graph replay " + std::to_string(i) + " with PDL");
+  }
+}
+
 }  // namespace
 }  // namespace tetra::ops

@@ -30,6 +30,7 @@
 #include <cmath>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_sync.cuh"
 
 namespace tetra::ops::cuda {
@@ -481,6 +482,8 @@ __device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* sm
 // covered (the loop strides over them), so a low max_query_len costs speed, not results.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) attention_mma_kernel(const KernelArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ __align__(128) uint8_t smem[];
   RowTile w;
   w.seq = int(blockIdx.z);
@@ -505,6 +508,8 @@ constexpr int kCombineDims = kMaxHeadDim / 32;  // output dims per lane
 // the splits i with a key (m_i > -inf). Threads take every 128th split for the max and
 // warps every 4th for the sums, so no pass is a chain of dependent loads over all splits.
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_splits_kernel(const KernelArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t out_row = blockIdx.x;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, d_v = a.p.d_v;
   const float2* ml = a.partial_ml + out_row * a.n_splits;
@@ -565,6 +570,8 @@ __device__ __forceinline__ int sequence_of_token(const PagedAttentionParams& p, 
 // One warp per (token, head), keys one at a time with an online softmax: any head dims, any
 // alignment, no shared memory. Lane l holds dims l, l + 32, ...
 __global__ void __launch_bounds__(kFallbackWarps * 32) attention_fallback_kernel(const KernelArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const PagedAttentionParams& p = a.p;
   const int64_t out_row = int64_t(blockIdx.x) * kFallbackWarps + threadIdx.x / 32;
   const int lane = int(threadIdx.x) % 32;
@@ -719,7 +726,7 @@ WorkspaceLayout workspace_layout(const PagedAttentionParams& p, const PagedAtten
 }
 
 template <class T>
-void launch_mma(cudaStream_t stream, const KernelArgs& a, const PagedAttentionPlan& plan) {
+void launch_mma(const KernelLaunch& launch, const KernelArgs& a, const PagedAttentionPlan& plan) {
   const auto kernel = attention_mma_kernel<T>;
   if constexpr (T::kSmemBytes > 48 * 1024) {
     static const bool raised = [&] {  // once per process (for the current device)
@@ -730,16 +737,16 @@ void launch_mma(cudaStream_t stream, const KernelArgs& a, const PagedAttentionPl
   }
   const dim3 grid(unsigned(plan.n_row_tiles) * unsigned(plan.n_splits), unsigned(a.p.n_kv_heads),
                   unsigned(a.p.n_seqs));
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(a);
+  launch_kernel(launch, kernel, grid, T::kThreads, T::kSmemBytes, a);
   TETRA_CUDA_CHECK_LAUNCH("paged_attention mma");
 }
 
-void launch_tiles(cudaStream_t stream, const KernelArgs& a, const PagedAttentionPlan& plan) {
+void launch_tiles(const KernelLaunch& launch, const KernelArgs& a, const PagedAttentionPlan& plan) {
   const bool decode = plan.path == PagedAttentionPath::Decode;
   switch (plan.head_dim_tile) {
-    case 64: return decode ? launch_mma<DecodeTile<64>>(stream, a, plan) : launch_mma<PrefillTile<64>>(stream, a, plan);
-    case 128: return decode ? launch_mma<DecodeTile<128>>(stream, a, plan) : launch_mma<PrefillTile<128>>(stream, a, plan);
-    case 256: return decode ? launch_mma<DecodeTile<256>>(stream, a, plan) : launch_mma<PrefillTile<256>>(stream, a, plan);
+    case 64: return decode ? launch_mma<DecodeTile<64>>(launch, a, plan) : launch_mma<PrefillTile<64>>(launch, a, plan);
+    case 128: return decode ? launch_mma<DecodeTile<128>>(launch, a, plan) : launch_mma<PrefillTile<128>>(launch, a, plan);
+    case 256: return decode ? launch_mma<DecodeTile<256>>(launch, a, plan) : launch_mma<PrefillTile<256>>(launch, a, plan);
     default: fail("paged_attention: no tile for head dim ", plan.head_dim_tile);
   }
 }
@@ -754,7 +761,7 @@ int64_t paged_attention_workspace_bytes(const PagedAttentionParams& p, int sm_co
   return workspace_layout(p, make_plan(p, sm_count)).total_bytes;
 }
 
-void paged_attention(cudaStream_t stream, const PagedAttentionParams& p, void* workspace,
+void paged_attention(const KernelLaunch& launch, const PagedAttentionParams& p, void* workspace,
                      int64_t workspace_bytes, int sm_count) {
   if (p.n_tokens == 0) return;
   const PagedAttentionPlan plan = make_plan(p, sm_count);
@@ -777,13 +784,13 @@ void paged_attention(cudaStream_t stream, const PagedAttentionParams& p, void* w
   if (plan.path == PagedAttentionPath::Fallback) {
     const int64_t n_blocks = ceil_div(int64_t(p.n_tokens) * p.n_heads, kFallbackWarps);
     TETRA_CHECK(n_blocks <= INT_MAX, "paged_attention: ", p.n_tokens, " tokens x ", p.n_heads, " heads is too many");
-    attention_fallback_kernel<<<unsigned(n_blocks), kFallbackWarps * 32, 0, stream>>>(a);
+    launch_kernel(launch, attention_fallback_kernel, unsigned(n_blocks), kFallbackWarps * 32, 0, a);
     TETRA_CUDA_CHECK_LAUNCH("paged_attention fallback");
     return;
   }
-  launch_tiles(stream, a, plan);
+  launch_tiles(launch, a, plan);
   if (plan.n_splits > 1) {
-    combine_splits_kernel<<<unsigned(int64_t(p.n_tokens) * p.n_heads), kCombineWarps * 32, 0, stream>>>(a);
+    launch_kernel(launch, combine_splits_kernel, unsigned(int64_t(p.n_tokens) * p.n_heads), kCombineWarps * 32, 0, a);
     TETRA_CUDA_CHECK_LAUNCH("paged_attention combine");
   }
 }

@@ -6,9 +6,9 @@
 // Scores and the softmax are f32; the output is rounded to BF16 once.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
+
+#include "ops/cuda/launch.h"
 
 namespace tetra::ops::cuda {
 
@@ -31,9 +31,9 @@ struct PagedAttentionParams {
 // Device scratch paged_attention needs (split-KV partial results); may be 0.
 int64_t paged_attention_workspace_bytes(const PagedAttentionParams& p, int sm_count);
 
-// Enqueues the attention on `stream`; no host synchronization, no allocation, graph-capturable.
-// Throws tetra::Error (core/error.h, via TETRA_CHECK) on unsupported arguments.
-void paged_attention(cudaStream_t stream, const PagedAttentionParams& p, void* workspace,
+// Enqueues the attention as `launch` says (its stream; PDL or not); no host synchronization, no allocation,
+// graph-capturable. Throws tetra::Error (core/error.h, via TETRA_CHECK) on unsupported arguments.
+void paged_attention(const KernelLaunch& launch, const PagedAttentionParams& p, void* workspace,
                      int64_t workspace_bytes, int sm_count);
 
 // How paged_attention will run a batch: for tests and logs (the choice is made on the host

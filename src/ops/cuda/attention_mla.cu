@@ -25,6 +25,7 @@
 #include <cmath>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_sync.cuh"
 
 namespace tetra::ops::cuda {
@@ -124,6 +125,8 @@ __device__ __forceinline__ void copy_tile(const MlaArgs& a, const int32_t* slots
 }
 
 __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ __align__(128) uint8_t smem[];
   uint16_t* q_smem = reinterpret_cast<uint16_t*>(smem);
   const auto tile_smem = [&](int s) { return reinterpret_cast<uint16_t*>(smem + kQBytes + s * kTileBytes); };
@@ -320,6 +323,8 @@ constexpr int kMaxSplits = 1024;
 // One block per (token, head): out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i over the
 // splits with a key, in split order. The splits' weights are found once, in shared memory.
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const MlaArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float weight[kMaxSplits];
   __shared__ float s_inv;
   const int64_t out_row = blockIdx.x;
@@ -354,6 +359,8 @@ constexpr int kFallbackPerLane = kFallbackMaxWidth / 32;
 // One warp per (token, head), keys one at a time with an online softmax. Lane l holds dims
 // l, l + 32, ... of the row [latent | rope].
 __global__ void __launch_bounds__(kFallbackWarps * 32) mla_fallback_kernel(const MlaArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const MlaAttentionParams& p = a.p;
   const int64_t out_row = int64_t(blockIdx.x) * kFallbackWarps + threadIdx.x / 32;
   const int lane = int(threadIdx.x) % 32;
@@ -479,6 +486,8 @@ struct DsaArgs {
 // (shared memory; all threads read the same element, a broadcast). Sums in the CPU's order:
 // each head's dot over the dims in turn, then the heads in turn.
 __global__ void __launch_bounds__(kScoreThreads) dsa_scores_kernel(const DsaArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ float q_smem[];  // [n_heads, dim], then the heads' weights
   const DsaSelectParams& p = a.p;
   const int token = a.token0 + int(blockIdx.y);
@@ -656,6 +665,8 @@ __device__ int block_top_k(const Src& src, int top_k, int32_t* out_pos, float* o
 // global top_k is among its slices' (a key beaten by top_k others in its slice is beaten by
 // them overall). Slices past the token's keys survive nothing.
 __global__ void __launch_bounds__(kSelectThreads) dsa_slice_top_k_kernel(const DsaArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = int(blockIdx.y), slice = int(blockIdx.x), n_slices = int(gridDim.x);
   const int n_keys = min(a.p.positions[a.token0 + t] + 1, a.key_cap);
   const int64_t row = int64_t(t) * n_slices + slice;
@@ -668,6 +679,8 @@ __global__ void __launch_bounds__(kSelectThreads) dsa_slice_top_k_kernel(const D
 // Stage 2, a block per token: the top_k of its slices' survivors, then -1s. No more survivors
 // than top_k (a context of one slice, or under top_k keys): they are the answer, in order.
 __global__ void __launch_bounds__(kSelectThreads) dsa_final_top_k_kernel(const DsaArgs a, int n_slices) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ int starts[kMaxSlices + 1];
   const int t = int(blockIdx.x), token = a.token0 + t;
   const int64_t first = int64_t(t) * n_slices;
@@ -699,7 +712,7 @@ int64_t mla_attention_workspace_bytes(const MlaAttentionParams& p, int sm_count)
   return workspace_bytes(p, make_plan(p, sm_count), nullptr);
 }
 
-void mla_attention(cudaStream_t stream, const MlaAttentionParams& p, void* workspace, int64_t workspace_size,
+void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void* workspace, int64_t workspace_size,
                    int sm_count) {
   if (p.n_tokens == 0) return;
   const MlaAttentionPlan plan = make_plan(p, sm_count);
@@ -719,7 +732,7 @@ void mla_attention(cudaStream_t stream, const MlaAttentionParams& p, void* works
   if (plan.path == MlaAttentionPath::Fallback) {
     const int64_t n_blocks = ceil_div(int64_t(p.n_tokens) * p.n_heads, kFallbackWarps);
     TETRA_CHECK(n_blocks <= INT_MAX, "mla_attention: ", p.n_tokens, " tokens x ", p.n_heads, " heads is too many");
-    mla_fallback_kernel<<<unsigned(n_blocks), kFallbackWarps * 32, 0, stream>>>(a);
+    launch_kernel(launch, mla_fallback_kernel, unsigned(n_blocks), kFallbackWarps * 32, 0, a);
     TETRA_CUDA_CHECK_LAUNCH("mla_attention fallback");
     return;
   }
@@ -731,10 +744,10 @@ void mla_attention(cudaStream_t stream, const MlaAttentionParams& p, void* works
   (void)raised;
   const dim3 grid(unsigned(plan.n_row_tiles) * unsigned(plan.n_splits),
                   unsigned(p.selected ? p.n_tokens : p.n_seqs));
-  tiled::mla_tiled_kernel<<<grid, tiled::kThreads, tiled::kSmemBytes, stream>>>(a);
+  launch_kernel(launch, tiled::mla_tiled_kernel, grid, tiled::kThreads, tiled::kSmemBytes, a);
   TETRA_CUDA_CHECK_LAUNCH("mla_attention tiled");
   if (plan.n_splits > 1) {
-    mla_combine_kernel<<<unsigned(int64_t(p.n_tokens) * p.n_heads), kCombineThreads, 0, stream>>>(a);
+    launch_kernel(launch, mla_combine_kernel, unsigned(int64_t(p.n_tokens) * p.n_heads), kCombineThreads, 0, a);
     TETRA_CUDA_CHECK_LAUNCH("mla_attention combine");
   }
 }
@@ -763,7 +776,7 @@ int64_t dsa_select_workspace_bytes(const DsaSelectParams& p) {
   return int64_t(l.group) * l.token_bytes;
 }
 
-void dsa_select(cudaStream_t stream, const DsaSelectParams& p, void* workspace, int64_t workspace_size) {
+void dsa_select(const KernelLaunch& launch, const DsaSelectParams& p, void* workspace, int64_t workspace_size) {
   if (p.n_tokens == 0) return;
   TETRA_CHECK(p.n_heads >= 1 && p.n_heads <= kMaxIndexHeads, "dsa_select: ", p.n_heads,
               " index heads; the CUDA kernel takes 1..", kMaxIndexHeads);
@@ -791,11 +804,12 @@ void dsa_select(cudaStream_t stream, const DsaSelectParams& p, void* workspace, 
   for (int t0 = 0; t0 < p.n_tokens; t0 += l.group) {
     const int n = std::min(l.group, p.n_tokens - t0);
     a.token0 = t0;
-    dsa_scores_kernel<<<dim3(unsigned(ceil_div(l.cap, kScoreThreads)), unsigned(n)), kScoreThreads, smem, stream>>>(a);
+    launch_kernel(launch, dsa_scores_kernel, dim3(unsigned(ceil_div(l.cap, kScoreThreads)), unsigned(n)), kScoreThreads,
+                  smem, a);
     TETRA_CUDA_CHECK_LAUNCH("dsa_select scores");
-    dsa_slice_top_k_kernel<<<dim3(unsigned(l.n_slices), unsigned(n)), kSelectThreads, 0, stream>>>(a);
+    launch_kernel(launch, dsa_slice_top_k_kernel, dim3(unsigned(l.n_slices), unsigned(n)), kSelectThreads, 0, a);
     TETRA_CUDA_CHECK_LAUNCH("dsa_select slice top-k");
-    dsa_final_top_k_kernel<<<unsigned(n), kSelectThreads, 0, stream>>>(a, int(l.n_slices));
+    launch_kernel(launch, dsa_final_top_k_kernel, unsigned(n), kSelectThreads, 0, a, int(l.n_slices));
     TETRA_CUDA_CHECK_LAUNCH("dsa_select top-k");
   }
 }

@@ -8,9 +8,9 @@
 // with f32 scores and softmax and the output rounded to BF16 once (Backend::mla_attention).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
+
+#include "ops/cuda/launch.h"
 
 namespace tetra::ops::cuda {
 
@@ -43,8 +43,9 @@ struct MlaAttentionPlan {
 MlaAttentionPlan mla_attention_plan(const MlaAttentionParams& p, int sm_count);
 int64_t mla_attention_workspace_bytes(const MlaAttentionParams& p, int sm_count);
 
-// Enqueues the attention on `stream`: no synchronization, no allocation, graph-capturable.
-void mla_attention(cudaStream_t stream, const MlaAttentionParams& p, void* workspace, int64_t workspace_bytes,
+// Enqueues the attention as `launch` says (its stream; PDL or not): no synchronization, no allocation,
+// graph-capturable.
+void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void* workspace, int64_t workspace_bytes,
                    int sm_count);
 
 struct DsaSelectParams {
@@ -64,6 +65,6 @@ struct DsaSelectParams {
 // position, as the CPU reference breaks them), in ascending position order, then -1s.
 // Scores go through the workspace a group of tokens at a time.
 int64_t dsa_select_workspace_bytes(const DsaSelectParams& p);
-void dsa_select(cudaStream_t stream, const DsaSelectParams& p, void* workspace, int64_t workspace_bytes);
+void dsa_select(const KernelLaunch& launch, const DsaSelectParams& p, void* workspace, int64_t workspace_bytes);
 
 }  // namespace tetra::ops::cuda

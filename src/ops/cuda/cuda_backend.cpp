@@ -22,6 +22,7 @@
 #include "ops/cuda/gemm_dense.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/kv_write.h"
+#include "ops/cuda/launch.h"
 #include "ops/cuda/linear.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tune.h"
@@ -112,6 +113,7 @@ class CudaBackend final : public Backend {
     TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ctx_.stream = stream_;
     ctx_.props = &props_;
+    ctx_.pdl = o.pdl && p.major >= 9;  // griddepcontrol is sm_90's
     gemm_ = std::make_unique<DenseGemm>();
   }
   ~CudaBackend() override {
@@ -126,7 +128,7 @@ class CudaBackend final : public Backend {
     size_t free = 0, total = 0;
     cudaMemGetInfo(&free, &total);
     return str_cat("cuda:", device_, " (", props_.name, ", ", props_.sm_count, " SMs, ",
-                   std::round(double(total) / (1 << 30) * 10) / 10, " GiB)");
+                   std::round(double(total) / (1 << 30) * 10) / 10, " GiB, PDL ", ctx_.pdl ? "on" : "off", ")");
   }
   Context& context() override { return ctx_; }
   DType activation_dtype() const override { return DType::BF16; }
@@ -179,7 +181,7 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<Buffer> random_tensor(DType dtype, Shape shape, const RandomFill& fill, uint64_t seed) override {
     auto b = alloc(dtype, shape);
-    cuda::fill_random(stream_, b->view(), fill, seed);
+    cuda::fill_random(kernel_launch(ctx_), b->view(), fill, seed);
     return b;
   }
   std::unique_ptr<MoeExperts> random_experts(const ExpertsSpec& spec, uint64_t seed) override {
@@ -198,39 +200,39 @@ class CudaBackend final : public Backend {
 
   // ---- ops ----
   void embedding(const Context& ctx, TensorView table, TensorView ids, TensorView out) override {
-    cuda::embedding(stream_of(ctx), table, ids, out);
+    cuda::embedding(kernel_launch(ctx), table, ids, out);
   }
   void rms_norm(const Context& ctx, TensorView x, TensorView weight, float eps, TensorView out) override {
     check_device(x, "rms_norm", "x");
-    cuda::rms_norm(stream_of(ctx), x, weight, eps, out);
+    cuda::rms_norm(kernel_launch(ctx), x, weight, eps, out);
   }
   void add_rms_norm(const Context& ctx, TensorView h, TensorView delta, TensorView weight, float eps,
                     TensorView out) override {
     check_device(h, "add_rms_norm", "h");
-    cuda::add_rms_norm(stream_of(ctx), h, delta, weight, eps, out);
+    cuda::add_rms_norm(kernel_launch(ctx), h, delta, weight, eps, out);
   }
   void layer_norm(const Context& ctx, TensorView x, TensorView weight, TensorView bias, float eps,
                   TensorView out) override {
-    cuda::layer_norm(stream_of(ctx), x, weight, bias, eps, out);
+    cuda::layer_norm(kernel_launch(ctx), x, weight, bias, eps, out);
   }
   void linear(const Context& ctx, TensorView x, const LinearWeight& w, TensorView out) override {
     check_device(x, "linear", "x");
     check_device(w.weight, "linear", "the weight");
     TETRA_CHECK(x.dim(-1) == w.n_in && out.dim(-1) == w.n_out, "linear: input width ", x.dim(-1),
                 " and output width ", out.dim(-1), " do not match a weight of ", w.n_out, "x", w.n_in);
-    if (gemv_bf16(stream_of(ctx), x, w, out)) return;
+    if (gemv_bf16(kernel_launch(ctx), x, w, out)) return;
     if (gemm_->linear(stream_of(ctx), x, w, out)) {
-      if (!w.bias.empty()) cuda::add_bias(stream_of(ctx), out, w.bias);
+      if (!w.bias.empty()) cuda::add_bias(kernel_launch(ctx), out, w.bias);
       return;
     }
-    linear_general(stream_of(ctx), x, w, out);
+    linear_general(kernel_launch(ctx), x, w, out);
   }
   void linears(const Context& ctx, TensorView x, std::span<const LinearPart> parts) override {
-    if (gemv_bf16(stream_of(ctx), x, parts)) return;
+    if (gemv_bf16(kernel_launch(ctx), x, parts)) return;
     for (const LinearPart& p : parts) linear(ctx, x, *p.weight, p.out);
   }
   void rope(const Context& ctx, TensorView x, TensorView positions, const RopeSpec& spec) override {
-    cuda::rope(stream_of(ctx), x, positions, spec);
+    cuda::rope(kernel_launch(ctx), x, positions, spec);
   }
   void kv_write(const Context& ctx, TensorView k, TensorView v, const AttentionBatch& batch,
                 const KvCacheLayer& cache) override {
@@ -241,11 +243,11 @@ class CudaBackend final : public Backend {
                              TensorView k_norm, float eps, const RopeSpec& rope_spec, const AttentionBatch& batch,
                              const KvCacheLayer& cache) override {
     check_device(q, "qk_norm_rope_kv_write", "q");
-    cuda::qk_norm_rope_kv_write(stream_of(ctx), q, k, v, q_norm, k_norm, eps, batch.positions, rope_spec,
+    cuda::qk_norm_rope_kv_write(kernel_launch(ctx), q, k, v, q_norm, k_norm, eps, batch.positions, rope_spec,
                                 batch.slot_mapping, cache.k, cache.v);
   }
   void cache_write(const Context& ctx, TensorView rows, const AttentionBatch& batch, TensorView cache) override {
-    cuda::cache_write(stream_of(ctx), rows, batch.slot_mapping, cache);
+    cuda::cache_write(kernel_launch(ctx), rows, batch.slot_mapping, cache);
   }
   void attention(const Context& ctx, TensorView q, const KvCacheLayer& cache, const AttentionBatch& batch,
                  float scale, TensorView out) override;
@@ -267,17 +269,17 @@ class CudaBackend final : public Backend {
     check_device(x, "head_linear", "x");
     check_device(w.weight, "head_linear", "the weight");
     if (gemm_->head_linear(stream_of(ctx), x, w, head_stride, row0, n_rows, transposed, out)) return;
-    head_linear_general(stream_of(ctx), x, w, head_stride, row0, n_rows, transposed, out);
+    head_linear_general(kernel_launch(ctx), x, w, head_stride, row0, n_rows, transposed, out);
   }
   void copy_columns(const Context& ctx, TensorView src, int64_t src_col0, TensorView dst, int64_t dst_col0,
                     int64_t n) override {
-    cuda::copy_columns(stream_of(ctx), src, src_col0, dst, dst_col0, n);
+    cuda::copy_columns(kernel_launch(ctx), src, src_col0, dst, dst_col0, n);
   }
   void silu_mul(const Context& ctx, TensorView gate, TensorView up, TensorView out) override {
-    cuda::silu_mul(stream_of(ctx), gate, up, out);
+    cuda::silu_mul(kernel_launch(ctx), gate, up, out);
   }
   void add(const Context& ctx, TensorView a, TensorView b, TensorView out) override {
-    cuda::add(stream_of(ctx), a, b, out);
+    cuda::add(kernel_launch(ctx), a, b, out);
   }
   void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
              TensorView weights) override {
@@ -286,7 +288,7 @@ class CudaBackend final : public Backend {
   void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights, const MoeExperts& experts,
                    TensorView out) override;
   void gather_rows(const Context& ctx, TensorView x, TensorView rows, TensorView out) override {
-    cuda::gather_rows(stream_of(ctx), x, rows, out);
+    cuda::gather_rows(kernel_launch(ctx), x, rows, out);
   }
   void sample(const Context& ctx, TensorView logits, TensorView rows, TensorView penalty_ids,
               TensorView penalty_counts, TensorView out) override;
@@ -344,7 +346,7 @@ void CudaBackend::attention(const Context& ctx, TensorView q, const KvCacheLayer
   if (p.n_tokens == 0) return;
   const int64_t ws = paged_attention_workspace_bytes(p, props_.sm_count);
   void* w = ws > 0 ? scratch(ctx, ws, "attention").data : nullptr;
-  paged_attention(stream_of(ctx), p, w, ws, props_.sm_count);
+  paged_attention(kernel_launch(ctx), p, w, ws, props_.sm_count);
 }
 
 void CudaBackend::mla_attention(const Context& ctx, TensorView q_latent, TensorView q_rope, const KvCacheLayer& cache,
@@ -386,7 +388,7 @@ void CudaBackend::mla_attention(const Context& ctx, TensorView q_latent, TensorV
   if (p.n_tokens == 0) return;
   const int64_t ws = mla_attention_workspace_bytes(p, props_.sm_count);
   void* w = ws > 0 ? scratch(ctx, ws, "mla_attention").data : nullptr;
-  cuda::mla_attention(stream_of(ctx), p, w, ws, props_.sm_count);
+  cuda::mla_attention(kernel_launch(ctx), p, w, ws, props_.sm_count);
 }
 
 void CudaBackend::dsa_select(const Context& ctx, TensorView q, TensorView weights, const KvCacheLayer& cache,
@@ -419,7 +421,7 @@ void CudaBackend::dsa_select(const Context& ctx, TensorView q, TensorView weight
   p.weight_scale = weight_scale;
   if (p.n_tokens == 0) return;
   const int64_t ws = dsa_select_workspace_bytes(p);
-  cuda::dsa_select(stream_of(ctx), p, scratch(ctx, ws, "dsa_select").data, ws);
+  cuda::dsa_select(kernel_launch(ctx), p, scratch(ctx, ws, "dsa_select").data, ws);
 }
 
 void CudaBackend::moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
@@ -456,7 +458,7 @@ void CudaBackend::sample(const Context& ctx, TensorView logits, TensorView rows,
   if (n_rows == 0) return;
   const int64_t ws = sample_workspace_bytes(n_rows, vocab);
   void* w = ws > 0 ? scratch(ctx, ws, "sample").data : nullptr;
-  launch_sample(stream_of(ctx), logits.as<const float>(), n_rows, vocab, rows.as<const SamplingRow>(),
+  launch_sample(kernel_launch(ctx), logits.as<const float>(), n_rows, vocab, rows.as<const SamplingRow>(),
                 penalty_ids.as<const int32_t>(), penalty_counts.as<const int32_t>(), penalty_ids.numel(),
                 out.as<SampledToken>(), w);
 }
@@ -492,7 +494,7 @@ void CudaBackend::warm_up(const Context& ctx, const std::vector<const MoeExperts
       DeviceBuffer x(DType::BF16, {t, s.hidden}), out(DType::BF16, {t, s.hidden});
       DeviceBuffer ids(DType::I32, {t, top_k}), w(DType::F32, {t, top_k});
       DeviceBuffer ws(DType::U8, {moe_workspace_bytes(*routed, t, top_k)});
-      cuda::fill_random(stream_, x.view(), {.scale = 1.0f}, uint64_t(t));
+      cuda::fill_random(kernel_launch(ctx_), x.view(), {.scale = 1.0f}, uint64_t(t));
       std::vector<int32_t> host_ids(static_cast<size_t>(t * top_k));
       std::vector<float> host_w(static_cast<size_t>(t * top_k), 1.0f / float(top_k));
       for (int64_t i = 0; i < t; ++i) {

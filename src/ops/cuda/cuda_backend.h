@@ -13,6 +13,7 @@ struct CudaBackendOptions {
   int device_index = 0;
   std::string moe_tune_cache;  // "": tunings kept in memory only
   bool moe_autotune = true;    // time the MoE tiles at warm-up (else the heuristic decides)
+  bool pdl = true;             // programmatic dependent launch (Context::pdl) where the device has it
 };
 
 // Throws one sentence when there is no such device.

@@ -4,6 +4,7 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
+#include "ops/cuda/launch.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -40,6 +41,8 @@ struct Parts {
 template <int kTokens>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Parts parts, const uint16_t* __restrict__ x,
                                                          DType odt, int64_t n_in) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (r >= parts.rows) return;
@@ -75,9 +78,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Parts parts, co
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <int kTokens>
-void launch(cudaStream_t stream, const Parts& parts, TensorView x, DType odt, int64_t n_in) {
-  gemv_kernel<kTokens><<<unsigned((parts.rows + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(
-      parts, x.as<const uint16_t>(), odt, n_in);
+void launch_gemv(const KernelLaunch& launch, const Parts& parts, TensorView x, DType odt, int64_t n_in) {
+  launch_kernel(launch, gemv_kernel<kTokens>, unsigned((parts.rows + kWarps - 1) / kWarps), kWarps * 32, 0, parts,
+                x.as<const uint16_t>(), odt, n_in);
 }
 
 // Whether one linear of x qualifies (see gemv.h).
@@ -89,7 +92,7 @@ bool qualifies(TensorView x, const LinearWeight& w, TensorView out) {
   return t >= 1 && t <= kGemvMaxTokens;
 }
 
-bool run(cudaStream_t stream, TensorView x, std::span<const LinearPart> parts) {
+bool run(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> parts) {
   if (parts.empty() || int64_t(parts.size()) > kMaxParts) return false;
   const LinearWeight& w0 = *parts[0].weight;
   Parts table{};
@@ -103,14 +106,14 @@ bool run(cudaStream_t stream, TensorView x, std::span<const LinearPart> parts) {
   if ((table.rows + kWarps - 1) / kWarps > INT32_MAX) return false;
   const DType odt = parts[0].out.dtype;
   switch (x.numel() / w0.n_in) {
-    case 1: launch<1>(stream, table, x, odt, w0.n_in); break;
-    case 2: launch<2>(stream, table, x, odt, w0.n_in); break;
-    case 3: launch<3>(stream, table, x, odt, w0.n_in); break;
-    case 4: launch<4>(stream, table, x, odt, w0.n_in); break;
-    case 5: launch<5>(stream, table, x, odt, w0.n_in); break;
-    case 6: launch<6>(stream, table, x, odt, w0.n_in); break;
-    case 7: launch<7>(stream, table, x, odt, w0.n_in); break;
-    default: launch<8>(stream, table, x, odt, w0.n_in); break;
+    case 1: launch_gemv<1>(launch, table, x, odt, w0.n_in); break;
+    case 2: launch_gemv<2>(launch, table, x, odt, w0.n_in); break;
+    case 3: launch_gemv<3>(launch, table, x, odt, w0.n_in); break;
+    case 4: launch_gemv<4>(launch, table, x, odt, w0.n_in); break;
+    case 5: launch_gemv<5>(launch, table, x, odt, w0.n_in); break;
+    case 6: launch_gemv<6>(launch, table, x, odt, w0.n_in); break;
+    case 7: launch_gemv<7>(launch, table, x, odt, w0.n_in); break;
+    default: launch_gemv<8>(launch, table, x, odt, w0.n_in); break;
   }
   TETRA_CUDA_CHECK_LAUNCH("gemv_bf16");
   return true;
@@ -118,11 +121,13 @@ bool run(cudaStream_t stream, TensorView x, std::span<const LinearPart> parts) {
 
 }  // namespace
 
-bool gemv_bf16(cudaStream_t stream, TensorView x, const LinearWeight& w, TensorView out) {
+bool gemv_bf16(const KernelLaunch& launch, TensorView x, const LinearWeight& w, TensorView out) {
   const LinearPart part{&w, out};
-  return run(stream, x, std::span<const LinearPart>(&part, 1));
+  return run(launch, x, std::span<const LinearPart>(&part, 1));
 }
 
-bool gemv_bf16(cudaStream_t stream, TensorView x, std::span<const LinearPart> parts) { return run(stream, x, parts); }
+bool gemv_bf16(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> parts) {
+  return run(launch, x, parts);
+}
 
 }  // namespace tetra::ops::cuda

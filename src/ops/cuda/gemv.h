@@ -5,10 +5,9 @@
 // result is the same in any batch of up to 8.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <span>
 
+#include "ops/cuda/launch.h"
 #include "ops/ops.h"
 
 namespace tetra::ops::cuda {
@@ -17,9 +16,9 @@ constexpr int64_t kGemvMaxTokens = 8;
 
 // Runs the linear and returns true when it qualifies (dense BF16 weight and x, BF16 or F32
 // out, 1..8 tokens, n_in a multiple of 8, 16-byte aligned rows); false leaves it to the caller.
-bool gemv_bf16(cudaStream_t stream, TensorView x, const LinearWeight& w, TensorView out);
+bool gemv_bf16(const KernelLaunch& launch, TensorView x, const LinearWeight& w, TensorView out);
 // Several linears of x in one launch (up to 4, one width of input, one output dtype), each as
 // the single form computes it; false when any part does not qualify (nothing is run then).
-bool gemv_bf16(cudaStream_t stream, TensorView x, std::span<const LinearPart> parts);
+bool gemv_bf16(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> parts);
 
 }  // namespace tetra::ops::cuda

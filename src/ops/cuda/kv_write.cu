@@ -2,6 +2,7 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
+#include "ops/cuda/launch.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -11,6 +12,8 @@ namespace {
 // throws.
 __global__ void cache_write_kernel(const void* rows, DType rdt, const int32_t* slots, int64_t n_tokens,
                                    int64_t width, int64_t n_slots, void* cache, DType cdt) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t total = n_tokens * width;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / width, c = i % width;
@@ -22,7 +25,7 @@ __global__ void cache_write_kernel(const void* rows, DType rdt, const int32_t* s
 
 }  // namespace
 
-void cache_write(cudaStream_t stream, TensorView rows, TensorView slot_mapping, TensorView cache) {
+void cache_write(const KernelLaunch& launch, TensorView rows, TensorView slot_mapping, TensorView cache) {
   const int64_t n_tokens = slot_mapping.numel();
   TETRA_CHECK(cache.shape.rank >= 2, "cache_write: the cache must be [n_blocks, block_size, ...]");
   const int64_t n_slots = cache.dim(0) * cache.dim(1);
@@ -33,8 +36,8 @@ void cache_write(cudaStream_t stream, TensorView rows, TensorView slot_mapping, 
   if (n_tokens == 0 || width == 0) return;
   const int64_t total = n_tokens * width;
   const int blocks = int(std::min<int64_t>((total + 255) / 256, 65535 * 8));
-  cache_write_kernel<<<blocks, 256, 0, stream>>>(rows.data, rows.dtype, slot_mapping.as<const int32_t>(), n_tokens,
-                                                 width, n_slots, cache.data, cache.dtype);
+  launch_kernel(launch, cache_write_kernel, blocks, 256, 0, rows.data, rows.dtype, slot_mapping.as<const int32_t>(),
+                n_tokens, width, n_slots, cache.data, cache.dtype);
   TETRA_CUDA_CHECK_LAUNCH("cache_write");
 }
 

@@ -2,14 +2,13 @@
 // paged cache; a slot of -1 (a padding token) writes nothing.
 #pragma once
 
-#include <cuda_runtime.h>
-
+#include "ops/cuda/launch.h"
 #include "ops/ops.h"
 
 namespace tetra::ops::cuda {
 
 // rows [T, ...] -> cache [n_blocks, block_size, ...] at slot_mapping[t], converting the
 // element type (activations BF16 -> cache dtype).
-void cache_write(cudaStream_t stream, TensorView rows, TensorView slot_mapping, TensorView cache);
+void cache_write(const KernelLaunch& launch, TensorView rows, TensorView slot_mapping, TensorView cache);
 
 }  // namespace tetra::ops::cuda

@@ -2,6 +2,7 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
+#include "ops/cuda/launch.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -42,6 +43,8 @@ constexpr int kGroup = 8;
 
 __global__ void linear_rows_kernel(DeviceLinear L, const void* x, DType xdt, int64_t n_tokens, void* out,
                                    DType odt) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t n = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (n >= L.n_out) return;
@@ -69,6 +72,8 @@ constexpr int kTile = 64, kTileK = 32;
 
 __global__ void __launch_bounds__(256) linear_tiled_kernel(DeviceLinear L, const void* x, DType xdt,
                                                            int64_t n_tokens, void* out, DType odt) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float xs[kTileK][kTile + 1];
   __shared__ float ws[kTileK][kTile + 1];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -112,6 +117,8 @@ __global__ void __launch_bounds__(256) linear_tiled_kernel(DeviceLinear L, const
 __global__ void head_linear_kernel(DeviceLinear L, const void* x, DType xdt, int64_t n_tokens, int64_t n_heads,
                                    int64_t head_stride, int64_t row0, int64_t n_rows, bool transposed, void* out,
                                    DType odt) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = threadIdx.x % 32;
   const int64_t x_width = transposed ? n_rows : L.n_in, out_width = transposed ? L.n_in : n_rows;
   const int64_t col = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32, h = blockIdx.y;
@@ -141,20 +148,20 @@ DeviceLinear device_linear(const LinearWeight& w) {
 
 }  // namespace
 
-void head_linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, int64_t head_stride, int64_t row0,
-                         int64_t n_rows, bool transposed, TensorView out) {
+void head_linear_general(const KernelLaunch& launch, TensorView x, const LinearWeight& w, int64_t head_stride,
+                         int64_t row0, int64_t n_rows, bool transposed, TensorView out) {
   const int64_t n_tokens = x.dim(0), n_heads = x.dim(1);
   const int64_t out_width = transposed ? w.n_in : n_rows;
   if (n_tokens == 0 || out_width == 0) return;
   constexpr int kWarps = 8;
   TETRA_CHECK(n_heads <= 65535, "head_linear: ", n_heads, " heads is too many");
   const dim3 grid(unsigned((out_width + kWarps - 1) / kWarps), unsigned(n_heads));
-  head_linear_kernel<<<grid, 32 * kWarps, 0, stream>>>(device_linear(w), x.data, x.dtype, n_tokens, n_heads,
-                                                       head_stride, row0, n_rows, transposed, out.data, out.dtype);
+  launch_kernel(launch, head_linear_kernel, grid, 32 * kWarps, 0, device_linear(w), x.data, x.dtype, n_tokens, n_heads,
+                head_stride, row0, n_rows, transposed, out.data, out.dtype);
   TETRA_CUDA_CHECK_LAUNCH("head_linear");
 }
 
-void linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, TensorView out) {
+void linear_general(const KernelLaunch& launch, TensorView x, const LinearWeight& w, TensorView out) {
   const int64_t n_tokens = w.n_in ? x.numel() / w.n_in : 0;
   TETRA_CHECK(x.dim(-1) == w.n_in && out.dim(-1) == w.n_out && out.numel() == n_tokens * w.n_out,
               "linear: input width ", x.dim(-1), " and output width ", out.dim(-1), " do not match a weight of ",
@@ -168,12 +175,12 @@ void linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, Te
   if (n_tokens == 0 || w.n_out == 0) return;
   if (n_tokens <= 2 * kGroup) {
     constexpr int kWarps = 8;
-    linear_rows_kernel<<<int((w.n_out + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(L, x.data, x.dtype, n_tokens,
-                                                                                        out.data, out.dtype);
+    launch_kernel(launch, linear_rows_kernel, int((w.n_out + kWarps - 1) / kWarps), 32 * kWarps, 0, L, x.data, x.dtype,
+                  n_tokens, out.data, out.dtype);
   } else {
     const dim3 grid(unsigned((w.n_out + kTile - 1) / kTile), unsigned((n_tokens + kTile - 1) / kTile));
     TETRA_CHECK(grid.y <= 65535, "linear: too many tokens for one launch");
-    linear_tiled_kernel<<<grid, 256, 0, stream>>>(L, x.data, x.dtype, n_tokens, out.data, out.dtype);
+    launch_kernel(launch, linear_tiled_kernel, grid, 256, 0, L, x.data, x.dtype, n_tokens, out.data, out.dtype);
   }
   TETRA_CUDA_CHECK_LAUNCH("linear");
 }

@@ -4,17 +4,16 @@
 // weights, and any size. x BF16 or F32; out BF16 or F32 (router logits, lm_head).
 #pragma once
 
-#include <cuda_runtime.h>
-
+#include "ops/cuda/launch.h"
 #include "ops/ops.h"
 
 namespace tetra::ops::cuda {
 
-void linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, TensorView out);
+void linear_general(const KernelLaunch& launch, TensorView x, const LinearWeight& w, TensorView out);
 
 // Backend::head_linear for every weight format (the dense BF16 case has a batched GEMM in
 // gemm_dense.h). The caller checks the shapes.
-void head_linear_general(cudaStream_t stream, TensorView x, const LinearWeight& w, int64_t head_stride, int64_t row0,
-                         int64_t n_rows, bool transposed, TensorView out);
+void head_linear_general(const KernelLaunch& launch, TensorView x, const LinearWeight& w, int64_t head_stride,
+                         int64_t row0, int64_t n_rows, bool transposed, TensorView out);
 
 }  // namespace tetra::ops::cuda

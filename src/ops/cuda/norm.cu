@@ -2,6 +2,7 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
+#include "ops/cuda/launch.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -19,6 +20,8 @@ template <bool kLayerNorm>
 __global__ void norm_kernel(void* x, DType xdt, const void* delta, DType ddt, const void* w, DType wdt,
                             const void* b, DType bdt, float eps, void* out, DType odt, int64_t rows, int64_t d,
                             bool block_row) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float partial[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = block_row ? blockIdx.x : blockIdx.x * (blockDim.x / 32) + warp;
@@ -71,6 +74,8 @@ template <bool kLayerNorm, int kPer>
 __global__ void __launch_bounds__(kRowThreads) norm_row_kernel(void* x, DType xdt, const void* delta, DType ddt,
                                                                const void* w, DType wdt, const void* b, DType bdt,
                                                                float eps, void* out, DType odt, int64_t d) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float partial[kRowThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t base = int64_t(blockIdx.x) * d;
@@ -122,17 +127,17 @@ __global__ void __launch_bounds__(kRowThreads) norm_row_kernel(void* x, DType xd
 }
 
 template <bool kLayerNorm, int kPer>
-void launch_rows(cudaStream_t stream, TensorView x, TensorView delta, TensorView w, TensorView b, float eps,
+void launch_rows(const KernelLaunch& launch, TensorView x, TensorView delta, TensorView w, TensorView b, float eps,
                  TensorView out, int64_t rows, int64_t d) {
-  norm_row_kernel<kLayerNorm, kPer><<<unsigned(rows), kRowThreads, 0, stream>>>(
-      x.data, x.dtype, delta.data, delta.dtype, w.data, w.dtype, b.data, b.dtype, eps, out.data, out.dtype, d);
+  launch_kernel(launch, norm_row_kernel<kLayerNorm, kPer>, unsigned(rows), kRowThreads, 0, x.data, x.dtype, delta.data,
+                delta.dtype, w.data, w.dtype, b.data, b.dtype, eps, out.data, out.dtype, d);
 }
 
 bool is_float(DType d) { return d == DType::BF16 || d == DType::F16 || d == DType::F32; }
 
 template <bool kLayerNorm>
-void launch(cudaStream_t stream, TensorView x, TensorView delta, TensorView w, TensorView b, float eps,
-            TensorView out) {
+void launch_norm(const KernelLaunch& launch, TensorView x, TensorView delta, TensorView w, TensorView b, float eps,
+                 TensorView out) {
   const int64_t d = x.dim(-1);
   TETRA_CHECK(d > 0 && w.numel() == d && (b.empty() || b.numel() == d), kLayerNorm ? "layer_norm" : "rms_norm",
               ": weight of ", w.numel(), " values for rows of ", d);
@@ -145,35 +150,35 @@ void launch(cudaStream_t stream, TensorView x, TensorView delta, TensorView w, T
   if (rows == 0) return;
   TETRA_CHECK(rows <= INT32_MAX, "norm: ", rows, " rows is too many for one launch");
   if (d >= 512 && d <= 32 * kRowThreads) {
-    if (d <= 4 * kRowThreads) launch_rows<kLayerNorm, 4>(stream, x, delta, w, b, eps, out, rows, d);
-    else if (d <= 8 * kRowThreads) launch_rows<kLayerNorm, 8>(stream, x, delta, w, b, eps, out, rows, d);
-    else if (d <= 16 * kRowThreads) launch_rows<kLayerNorm, 16>(stream, x, delta, w, b, eps, out, rows, d);
-    else launch_rows<kLayerNorm, 32>(stream, x, delta, w, b, eps, out, rows, d);
+    if (d <= 4 * kRowThreads) launch_rows<kLayerNorm, 4>(launch, x, delta, w, b, eps, out, rows, d);
+    else if (d <= 8 * kRowThreads) launch_rows<kLayerNorm, 8>(launch, x, delta, w, b, eps, out, rows, d);
+    else if (d <= 16 * kRowThreads) launch_rows<kLayerNorm, 16>(launch, x, delta, w, b, eps, out, rows, d);
+    else launch_rows<kLayerNorm, 32>(launch, x, delta, w, b, eps, out, rows, d);
   } else if (d <= 2048) {
     constexpr int kWarps = 8;
-    norm_kernel<kLayerNorm><<<int((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(
-        x.data, x.dtype, delta.data, delta.dtype, w.data, w.dtype, b.data, b.dtype, eps, out.data, out.dtype, rows,
-        d, false);
+    launch_kernel(launch, norm_kernel<kLayerNorm>, int((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, x.data, x.dtype,
+                  delta.data, delta.dtype, w.data, w.dtype, b.data, b.dtype, eps, out.data, out.dtype, rows, d, false);
   } else {
-    norm_kernel<kLayerNorm><<<int(rows), 512, 0, stream>>>(x.data, x.dtype, delta.data, delta.dtype, w.data,
-                                                          w.dtype, b.data, b.dtype, eps, out.data, out.dtype, rows,
-                                                          d, true);
+    launch_kernel(launch, norm_kernel<kLayerNorm>, int(rows), 512, 0, x.data, x.dtype, delta.data, delta.dtype, w.data,
+                  w.dtype, b.data, b.dtype, eps, out.data, out.dtype, rows, d, true);
   }
   TETRA_CUDA_CHECK_LAUNCH("norm");
 }
 
 }  // namespace
 
-void rms_norm(cudaStream_t stream, TensorView x, TensorView weight, float eps, TensorView out) {
-  launch<false>(stream, x, {}, weight, {}, eps, out);
+void rms_norm(const KernelLaunch& launch, TensorView x, TensorView weight, float eps, TensorView out) {
+  launch_norm<false>(launch, x, {}, weight, {}, eps, out);
 }
 
-void add_rms_norm(cudaStream_t stream, TensorView h, TensorView delta, TensorView weight, float eps, TensorView out) {
-  launch<false>(stream, h, delta, weight, {}, eps, out);
+void add_rms_norm(const KernelLaunch& launch, TensorView h, TensorView delta, TensorView weight, float eps,
+                  TensorView out) {
+  launch_norm<false>(launch, h, delta, weight, {}, eps, out);
 }
 
-void layer_norm(cudaStream_t stream, TensorView x, TensorView weight, TensorView bias, float eps, TensorView out) {
-  launch<true>(stream, x, {}, weight, bias, eps, out);
+void layer_norm(const KernelLaunch& launch, TensorView x, TensorView weight, TensorView bias, float eps,
+                TensorView out) {
+  launch_norm<true>(launch, x, {}, weight, bias, eps, out);
 }
 
 }  // namespace tetra::ops::cuda

@@ -2,6 +2,7 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
+#include "ops/cuda/launch.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -35,6 +36,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 // __syncwarp, so every value is rounded to the activation dtype exactly where the separate
 // ops round it.
 __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = int(threadIdx.x) % 32;
   const int64_t w = int64_t(blockIdx.x) * kWarps + int(threadIdx.x) / 32;
   const int heads = a.n_heads + a.n_kv_heads;
@@ -80,9 +83,9 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs 
 
 }  // namespace
 
-void qk_norm_rope_kv_write(cudaStream_t stream, TensorView q, TensorView k, TensorView v, TensorView q_norm,
-                           TensorView k_norm, float eps, TensorView positions, const RopeSpec& rope,
-                           TensorView slots, TensorView k_cache, TensorView v_cache) {
+void qk_norm_rope_kv_write(const KernelLaunch& launch, TensorView q, TensorView k, TensorView v, TensorView q_norm,
+                           TensorView k_norm, float eps, TensorView positions, const RopeSpec& rope, TensorView slots,
+                           TensorView k_cache, TensorView v_cache) {
   const char* op = "qk_norm_rope_kv_write";
   TETRA_CHECK(q.shape.rank == 3 && k.shape.rank == 3 && v.shape.rank == 3, op, ": q, k and v must be [T, heads, d]");
   const int64_t T = q.dim(0), H = q.dim(1), D = q.dim(2), KV = k.dim(1), Dv = v.dim(2);
@@ -110,7 +113,7 @@ void qk_norm_rope_kv_write(cudaStream_t stream, TensorView q, TensorView k, Tens
              k_cache.dim(0) * k_cache.dim(1), int(H), int(KV), int(D), int(Dv)};
   const int64_t warps = T * (H + KV);
   TETRA_CHECK((warps + kWarps - 1) / kWarps <= INT32_MAX, op, ": too many heads for one launch");
-  qk_rope_kv_kernel<<<unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(a);
+  launch_kernel(launch, qk_rope_kv_kernel, unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, a);
   TETRA_CUDA_CHECK_LAUNCH(op);
 }
 

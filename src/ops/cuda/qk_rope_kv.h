@@ -4,16 +4,15 @@
 // rope.cu's rope and kv_write.cu's cache_write run one after another.
 #pragma once
 
-#include <cuda_runtime.h>
-
+#include "ops/cuda/launch.h"
 #include "ops/ops.h"
 
 namespace tetra::ops::cuda {
 
 // q [T, H, D], k [T, KV, D], v [T, KV, Dv], rewritten in place (q and k); q_norm and k_norm
 // [D] or both empty; slots [T] (negative: write nothing).
-void qk_norm_rope_kv_write(cudaStream_t stream, TensorView q, TensorView k, TensorView v, TensorView q_norm,
-                           TensorView k_norm, float eps, TensorView positions, const RopeSpec& rope,
-                           TensorView slots, TensorView k_cache, TensorView v_cache);
+void qk_norm_rope_kv_write(const KernelLaunch& launch, TensorView q, TensorView k, TensorView v, TensorView q_norm,
+                           TensorView k_norm, float eps, TensorView positions, const RopeSpec& rope, TensorView slots,
+                           TensorView k_cache, TensorView v_cache);
 
 }  // namespace tetra::ops::cuda

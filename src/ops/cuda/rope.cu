@@ -2,12 +2,15 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
+#include "ops/cuda/launch.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
 
 __global__ void rope_kernel(void* x, DType dt, const int32_t* positions, const float* inv_freq, int64_t n_tokens,
                             int64_t n_heads, int64_t head_dim, int half, bool interleaved, float scaling) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t total = n_tokens * n_heads * half;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int p = int(i % half);
@@ -24,7 +27,7 @@ __global__ void rope_kernel(void* x, DType dt, const int32_t* positions, const f
 
 }  // namespace
 
-void rope(cudaStream_t stream, TensorView x, TensorView positions, const RopeSpec& spec) {
+void rope(const KernelLaunch& launch, TensorView x, TensorView positions, const RopeSpec& spec) {
   TETRA_CHECK(x.shape.rank == 3, "rope: x must be [T, heads, head_dim], not ", x.shape.str());
   const int64_t n_tokens = x.dim(0), n_heads = x.dim(1), head_dim = x.dim(2);
   TETRA_CHECK(spec.rotary_dim <= head_dim && spec.rotary_dim % 2 == 0, "rope: rotary_dim ", spec.rotary_dim,
@@ -37,9 +40,9 @@ void rope(cudaStream_t stream, TensorView x, TensorView positions, const RopeSpe
   const int64_t total = n_tokens * n_heads * half;
   if (total == 0) return;
   const int blocks = int(std::min<int64_t>((total + 255) / 256, 65535 * 8));
-  rope_kernel<<<blocks, 256, 0, stream>>>(x.data, x.dtype, positions.as<const int32_t>(),
-                                          spec.inv_freq.as<const float>(), n_tokens, n_heads, head_dim, half,
-                                          spec.interleaved, spec.attention_scaling);
+  launch_kernel(launch, rope_kernel, blocks, 256, 0, x.data, x.dtype, positions.as<const int32_t>(),
+                spec.inv_freq.as<const float>(), n_tokens, n_heads, head_dim, half, spec.interleaved,
+                spec.attention_scaling);
   TETRA_CUDA_CHECK_LAUNCH("rope");
 }
 

@@ -2,12 +2,11 @@
 // rotary dims, interleaved pairs), with the angles formed in fp32 as transformers forms them.
 #pragma once
 
-#include <cuda_runtime.h>
-
+#include "ops/cuda/launch.h"
 #include "ops/ops.h"
 
 namespace tetra::ops::cuda {
 
-void rope(cudaStream_t stream, TensorView x, TensorView positions, const RopeSpec& spec);
+void rope(const KernelLaunch& launch, TensorView x, TensorView positions, const RopeSpec& spec);
 
 }  // namespace tetra::ops::cuda

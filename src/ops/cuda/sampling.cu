@@ -29,6 +29,7 @@
 #include "core/philox.h"
 #include "ops/cpu/sampling.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -514,6 +515,8 @@ __device__ void sample_row(const SampleParams& p, int row, RowShared& sh) {
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(SampleParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ RowShared sh;
   for (int row = int(blockIdx.x); row < p.n_rows; row += int(gridDim.x)) {
     sample_row(p, row, sh);
@@ -531,9 +534,9 @@ int64_t sample_workspace_bytes(int64_t n_rows, int64_t vocab) {
   return int64_t(sample_blocks(n_rows)) * vocab * int64_t(sizeof(float));
 }
 
-void launch_sample(cudaStream_t stream, const float* logits, int64_t n_rows, int64_t vocab, const SamplingRow* rows,
-                   const int32_t* penalty_ids, const int32_t* penalty_counts, int64_t n_penalties,
-                   SampledToken* out, void* workspace) {
+void launch_sample(const KernelLaunch& launch, const float* logits, int64_t n_rows, int64_t vocab,
+                   const SamplingRow* rows, const int32_t* penalty_ids, const int32_t* penalty_counts,
+                   int64_t n_penalties, SampledToken* out, void* workspace) {
   TETRA_CHECK(n_rows >= 0 && n_rows <= INT_MAX && vocab >= 1 && vocab <= kSampleMaxVocab, "sample: ", n_rows,
               " rows of ", vocab, " logits: the vocabulary must be 1 to ", kSampleMaxVocab);
   TETRA_CHECK(n_penalties >= 0 && n_penalties <= INT_MAX, "sample: ", n_penalties, " penalty entries");
@@ -543,7 +546,7 @@ void launch_sample(cudaStream_t stream, const float* logits, int64_t n_rows, int
               "sample: penalty entries need both their id and count lists");
   const SampleParams params{logits,        int(n_rows), int(vocab), rows, penalty_ids,
                             penalty_counts, int(n_penalties), out, static_cast<float*>(workspace)};
-  sample_kernel<<<sample_blocks(n_rows), kThreads, 0, stream>>>(params);
+  launch_kernel(launch, sample_kernel, sample_blocks(n_rows), kThreads, 0, params);
   TETRA_CUDA_CHECK_LAUNCH("sample_kernel");
 }
 

@@ -3,10 +3,9 @@
 // for bit. No allocation, no host synchronization: the launch can be captured in a CUDA graph.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
+#include "ops/cuda/launch.h"
 #include "ops/ops.h"
 
 namespace tetra::ops::cuda {
@@ -24,7 +23,7 @@ int64_t sample_workspace_bytes(int64_t n_rows, int64_t vocab);
 // penalty lists, out and workspace (at least sample_workspace_bytes) are device pointers. Row
 // fields cannot be checked from the host; the kernel clamps them to memory-safe ranges (the CPU
 // backend rejects what it clamps). Throws tetra::Error on a bad size or a launch failure.
-void launch_sample(cudaStream_t stream, const float* logits, int64_t n_rows, int64_t vocab,
+void launch_sample(const KernelLaunch& launch, const float* logits, int64_t n_rows, int64_t vocab,
                    const SamplingRow* rows, const int32_t* penalty_ids, const int32_t* penalty_counts,
                    int64_t n_penalties, SampledToken* out, void* workspace);
 

@@ -296,7 +296,7 @@ void poison_output(DeviceBatch& d) {
 // Runs paged_attention on `stream` (a tetra::Error becomes a test failure).
 void launch(cudaStream_t stream, const DeviceBatch& d, void* ws, int64_t ws_bytes, int sm_count) {
   try {
-    paged_attention(stream, d.p, ws, ws_bytes, sm_count);
+    paged_attention({.stream = stream}, d.p, ws, ws_bytes, sm_count);
   } catch (const Error& e) {
     FAIL() << "paged_attention threw: " << e.what();
   }

@@ -135,7 +135,7 @@ void time_mla(const char* name, int heads, int b, int ctx, int top_k) {
   const MlaAttentionPlan plan = mla_attention_plan(p, sms);
   const int64_t ws_bytes = mla_attention_workspace_bytes(p, sms);
   DevBuf ws(size_t(std::max<int64_t>(ws_bytes, 1)));
-  const double us = median_us([&](cudaStream_t s) { mla_attention(s, p, ws.p, ws_bytes, sms); });
+  const double us = median_us([&](cudaStream_t s) { mla_attention({.stream = s}, p, ws.p, ws_bytes, sms); });
   const double keys = double(b) * (top_k > 0 ? top_k : ctx);
   const double bytes = keys * (kRank + kRope) * 2;
   const double flops = keys * heads * 2.0 * (kRank + kRope + kRank);
@@ -172,7 +172,7 @@ void time_dsa(const char* name, int b, int ctx) {
   p.weight_scale = 1.0f / std::sqrt(float(kHeads));
   const int64_t ws_bytes = dsa_select_workspace_bytes(p);
   DevBuf ws{size_t(ws_bytes)};
-  const double us = median_us([&](cudaStream_t s) { dsa_select(s, p, ws.p, ws_bytes); });
+  const double us = median_us([&](cudaStream_t s) { dsa_select({.stream = s}, p, ws.p, ws_bytes); });
   const double bytes = double(b) * ctx * kDim * 2;
   std::printf("[dsa timing] %-28s %9.1f us (%7.2f us a token), %6.0f GB/s of index keys read\n", name, us, us / b,
               bytes / us * 1e-3);

@@ -57,8 +57,9 @@ struct DeviceBatch {
   }
   bool ready() const { return logits.p && rows.p && ids.p && counts.p && out.p && workspace.p; }
   void launch(cudaStream_t stream) {
-    launch_sample(stream, logits.as<float>(), b.n_rows(), b.vocab, rows.as<SamplingRow>(), ids.as<int32_t>(),
-                  counts.as<int32_t>(), int64_t(b.penalty_ids.size()), out.as<SampledToken>(), workspace.p);
+    launch_sample({.stream = stream}, logits.as<float>(), b.n_rows(), b.vocab, rows.as<SamplingRow>(),
+                  ids.as<int32_t>(), counts.as<int32_t>(), int64_t(b.penalty_ids.size()), out.as<SampledToken>(),
+                  workspace.p);
   }
   std::vector<SampledToken> result() const {
     std::vector<SampledToken> host(b.rows.size());
@@ -319,9 +320,9 @@ TEST(SamplingCuda, RejectsBadSizes) {
   EXPECT_THROW(sample_workspace_bytes(4, kSampleMaxVocab + 1), Error);
   EXPECT_THROW(sample_workspace_bytes(-1, 10), Error);
   EXPECT_EQ(sample_workspace_bytes(0, 10), 0);
-  EXPECT_THROW(launch_sample(nullptr, nullptr, 1, 0, nullptr, nullptr, nullptr, 0, nullptr, nullptr), Error);
-  EXPECT_THROW(launch_sample(nullptr, nullptr, 1, 10, nullptr, nullptr, nullptr, 0, nullptr, nullptr), Error);
-  EXPECT_NO_THROW(launch_sample(nullptr, nullptr, 0, 10, nullptr, nullptr, nullptr, 0, nullptr, nullptr));
+  EXPECT_THROW(launch_sample({}, nullptr, 1, 0, nullptr, nullptr, nullptr, 0, nullptr, nullptr), Error);
+  EXPECT_THROW(launch_sample({}, nullptr, 1, 10, nullptr, nullptr, nullptr, 0, nullptr, nullptr), Error);
+  EXPECT_NO_THROW(launch_sample({}, nullptr, 0, 10, nullptr, nullptr, nullptr, 0, nullptr, nullptr));
 }
 
 // --- timing ----------------------------------------------------------------------------------

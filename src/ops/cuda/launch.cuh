@@ -1,0 +1,78 @@
+// The one way the CUDA backend's own kernels are launched (launch_kernel), and the two device
+// calls of programmatic dependent launch (PDL, sm_90) every such kernel makes.
+//
+// A decode step is hundreds of small dependent kernels; without PDL each waits for the one
+// before it to drain and then pays its own launch. Launched with PDL, kernel N+1 starts once
+// every block of kernel N has called pdl_launch_dependents (or exited), and its pdl_wait
+// blocks until kernel N has completed and its memory is visible. So the rule of every kernel
+// launched here:
+//   - pdl_wait() before its first global memory access, read or write, in every block and on
+//     every path (an early return included): the kernel before it may still be running, and
+//     a block that left without waiting could let the grid complete before its predecessor,
+//     breaking the chain the kernel after it relies on;
+//   - pdl_launch_dependents() right after it: the next kernel then launches while this one
+//     does its work. Calling it after the wait, not before, keeps at most one grid waiting
+//     early on the GPU instead of a cascade of them holding SM slots.
+// Without the launch attribute (pdl false, or a kernel launched by <<<>>> or cuBLASLt) both
+// are no-ops and ordinary stream order holds; kernels that never wait (the MoE files' today)
+// must never be launched with it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <type_traits>
+#include <utility>
+
+#include "core/error.h"
+#include "ops/cuda/launch.h"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "launch.cuh: griddepcontrol needs sm_90 (the CUDA backend is built for sm_90a)"
+#endif
+
+namespace tetra::ops::cuda {
+
+// Blocks until the grids this one depends on have completed and their writes are visible.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next grid on the stream launch (once every block of this one has said so or
+// exited); it still waits in its own pdl_wait for this grid to finish.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__)
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// kernel<<<grid, block, smem, l.stream>>>(args...), with PDL when l.pdl. Each argument is
+// converted to its parameter's type as a <<<>>> launch converts it; a failed launch throws
+// (and clears the runtime's last error, as TETRA_CUDA_CHECK_LAUNCH does).
+template <typename... Params, typename... Args>
+void launch_kernel(const KernelLaunch& l, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: one argument per kernel parameter");
+  static_assert((std::is_convertible_v<Args&&, Params> && ...),
+                "launch_kernel: an argument does not convert to its kernel parameter's type");
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = l.stream;
+  config.attrs = l.pdl ? &attr : nullptr;
+  config.numAttrs = l.pdl ? 1 : 0;
+  // cudaLaunchKernelEx's template takes the kernel's parameter types and converts each
+  // argument to its own (a copy of the right width is what the kernel reads).
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail("CUDA kernel launch failed: ", cudaGetErrorString(err));
+  }
+}
+
+}  // namespace tetra::ops::cuda
