@@ -87,7 +87,7 @@ void bf16_layer_enqueue(cublasHandle_t handle, cudaStream_t stream,
                                     buf.y + int64_t(row) * H, CUDA_R_32F, H,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  ops::cuda::launch_combine(stream, buf.y, buf.pos, weights, n_tokens, top_k,
+  ops::cuda::launch_combine({.stream = stream}, buf.y, buf.pos, weights, n_tokens, top_k,
                             ex.shape.shared_expert, H, out);
 }
 

@@ -308,6 +308,7 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
         }();
         r.stage_us["fused"] = r.nvfp4.median_us - r.stage_us["route"];
       } else if (opt.breakdown) {
+        const ops::cuda::KernelLaunch ctx_launch = ops::cuda::kernel_launch(ctx);
         // Each stage alone, replayed from the state a full run left in the scratch (same
         // inputs, same work items), weights rotated as above: where the layer's time goes.
         ops::cuda::moe_experts(ctx, v_x, v_ids, v_w, *fp4[0], v_out, cfg);
@@ -326,16 +327,16 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
         };
         r.stage_us["route"] = one([&] { ops::cuda::route(ctx, v_logits, rs, v_ids, v_w); });
         r.stage_us["permute"] = one([&] {
-          ops::cuda::launch_permute(stream, ids.as<int>(), T, k, E, ms.shared_expert, cfg.tile_tokens, sc);
+          ops::cuda::launch_permute(ctx_launch, ids.as<int>(), T, k, E, ms.shared_expert, cfg.tile_tokens, sc);
         });
         r.stage_us["gate_up"] = per_layer([&](const ops::cuda::CudaMoeExperts& ex) {
-          ops::cuda::launch_gate_up(stream, ex, x.as<uint16_t>(), sc, cfg.tile_tokens);
+          ops::cuda::launch_gate_up(ctx_launch, ex, x.as<uint16_t>(), sc, cfg.tile_tokens);
         });
         r.stage_us["down"] = per_layer([&](const ops::cuda::CudaMoeExperts& ex) {
-          ops::cuda::launch_down(stream, ex, sc, cfg.tile_tokens);
+          ops::cuda::launch_down(ctx_launch, ex, sc, cfg.tile_tokens);
         });
         r.stage_us["combine"] = one([&] {
-          ops::cuda::launch_combine(stream, sc.y, sc.pos, weights.as<float>(), T, k, ms.shared_expert, H,
+          ops::cuda::launch_combine(ctx_launch, sc.y, sc.pos, weights.as<float>(), T, k, ms.shared_expert, H,
                                     out.as<uint16_t>());
         });
         const double n_ex = r.distinct + (ms.shared_expert ? 1 : 0);
@@ -422,6 +423,7 @@ int run_moe_bench(const MoeBenchOptions& opt) {
   ops::Context ctx;
   ctx.stream = stream;
   ctx.props = &props;
+  ctx.pdl = props.cc_major >= 9;  // the layer's kernels launch as the engine launches them
   nlohmann::json rows = nlohmann::json::array();
   if (!opt.json) {
     std::printf("tetra bench moe on %s (%d SMs): whole layer from router logits, CUDA graph replays, "

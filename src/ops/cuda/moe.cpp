@@ -94,7 +94,7 @@ void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, Tenso
                 "moe route: the correction bias must be F32 [E] on the CUDA device");
     bias = spec.correction_bias.as<const float>();
   }
-  launch_route(static_cast<cudaStream_t>(ctx.stream), logits.as<const float>(), int(T), int(E),
+  launch_route(kernel_launch(ctx), logits.as<const float>(), int(T), int(E),
                spec, bias, ids.as<int>(), weights.as<float>());
 }
 
@@ -110,9 +110,6 @@ MoeConfig heuristic_config(const CudaMoeExperts& ex, int64_t n_tokens, int top_k
   c.tile_tokens = per_expert <= 6 ? 8 : per_expert <= 12 ? 16 : per_expert <= 48 ? 32 : 64;
   if (ex.format == WeightFormat::Nvfp4 && per_expert > 96)
     c.tile_tokens = per_expert <= 128 ? 128 : per_expert <= 192 ? 192 : 256;
-  // Where tiles of 8 fit, the fused kernel streams the same bytes without the permute and
-  // combine launches.
-  c.fused = c.tile_tokens == 8 && moe_decode_takes(ex, n_tokens, top_k);
   c.why = str_cat("heuristic: ", per_expert, " tokens per active expert");
   return c;
 }
@@ -125,19 +122,19 @@ std::string tune_key(const Context& ctx, const CudaMoeExperts& ex, int64_t n_tok
                  moe_token_bucket(n_tokens));
 }
 
-void enqueue_layer(cudaStream_t stream, const CudaMoeExperts& ex, TensorView x, TensorView ids,
+void enqueue_layer(const KernelLaunch& launch, const CudaMoeExperts& ex, TensorView x, TensorView ids,
                    TensorView weights, TensorView out, const MoeScratch& s, const MoeConfig& config) {
   const int64_t T = x.dim(0);
   const int top_k = int(ids.dim(1));
   if (config.fused)
-    return launch_moe_decode(stream, ex, x.as<const uint16_t>(), ids.as<const int>(), weights.as<const float>(),
+    return launch_moe_decode(launch, ex, x.as<const uint16_t>(), ids.as<const int>(), weights.as<const float>(),
                              int(T), top_k, s, out.as<uint16_t>());
   const int tile_tokens = config.tile_tokens;
-  launch_permute(stream, ids.as<const int>(), int(T), top_k, ex.shape.n_experts,
+  launch_permute(launch, ids.as<const int>(), int(T), top_k, ex.shape.n_experts,
                  ex.shape.shared_expert, tile_tokens, s);
-  launch_gate_up(stream, ex, x.as<const uint16_t>(), s, tile_tokens);
-  launch_down(stream, ex, s, tile_tokens);
-  launch_combine(stream, s.y, s.pos, weights.as<const float>(), int(T), top_k,
+  launch_gate_up(launch, ex, x.as<const uint16_t>(), s, tile_tokens);
+  launch_down(launch, ex, s, tile_tokens);
+  launch_combine(launch, s.y, s.pos, weights.as<const float>(), int(T), top_k,
                  ex.shape.shared_expert, int(ex.shape.hidden), out.as<uint16_t>());
 }
 
@@ -157,7 +154,9 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
   cudaEvent_t e0, e1;
   TETRA_CUDA_CHECK(cudaEventCreate(&e0));
   TETRA_CUDA_CHECK(cudaEventCreate(&e1));
-  // The heuristic's tile and its neighbours, and the fused kernel where it takes the call.
+  // The heuristic's tile and its neighbours, and the fused kernel where it takes the call (never
+  // the heuristic's own pick: on the H200 it streams at about half the rate of the tiles of 8,
+  // docs/PERF.md).
   std::vector<MoeConfig> candidates;
   for (int i = std::max(hi - 1, 0); i <= std::min(hi + 1, int(tiles.size()) - 1); ++i)
     candidates.push_back(MoeConfig{tiles[i]});
@@ -167,11 +166,11 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
   std::string report;
   for (const MoeConfig& c : candidates) {
     const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, c.tile_tokens);
-    enqueue_layer(stream, ex, x, ids, weights, out, s, c);
+    enqueue_layer(kernel_launch(ctx), ex, x, ids, weights, out, s, c);
     float ms = 1e30f;
     for (int r = 0; r < 3; ++r) {
       TETRA_CUDA_CHECK(cudaEventRecord(e0, stream));
-      enqueue_layer(stream, ex, x, ids, weights, out, s, c);
+      enqueue_layer(kernel_launch(ctx), ex, x, ids, weights, out, s, c);
       TETRA_CUDA_CHECK(cudaEventRecord(e1, stream));
       TETRA_CUDA_CHECK(cudaEventSynchronize(e1));
       float t = 0;
@@ -187,7 +186,7 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
   ex.tuner->store(key, best);
   // Leave the chosen configuration's result in `out` (the last run was another's).
   const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, best.tile_tokens);
-  enqueue_layer(stream, ex, x, ids, weights, out, s, best);
+  enqueue_layer(kernel_launch(ctx), ex, x, ids, weights, out, s, best);
   return *ex.tuner->find(key);
 }
 
@@ -262,7 +261,7 @@ void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView we
               " token-expert rows), in items of 8 tokens; not H ", ex.shape.hidden, ", I ", ex.shape.intermediate,
               ", T ", T, ", top-k ", top_k, ", tile_tokens ", config.tile_tokens);
   const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, config.tile_tokens);
-  enqueue_layer(stream, ex, x, ids, weights, out, s, config);
+  enqueue_layer(kernel_launch(ctx), ex, x, ids, weights, out, s, config);
 }
 
 }  // namespace tetra::ops::cuda

@@ -62,8 +62,8 @@ struct MoeConfig {
   int tile_tokens = 0;
   bool tuned = false;   // chosen by timing (else by the heuristic or forced)
   std::string why;      // what chose it, for --verbose
-  // The whole layer in one persistent kernel (NVFP4, a few tokens: moe_decode_takes); its
-  // work items are 8 tokens of one expert, so tile_tokens is 8.
+  // The whole layer in one persistent kernel (NVFP4, up to 64 tokens: moe_decode_takes); its
+  // work items are 8 tokens of one expert, so tile_tokens is 8. Chosen only by tuning.
   bool fused = false;
   std::string str() const;
 };

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 
+#include "ops/cuda/launch.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tune.h"
 
@@ -107,12 +108,13 @@ int64_t moe_scratch_bytes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k,
 MoeScratch moe_scratch_carve(const CudaMoeExperts& ex, void* base, int64_t n_tokens, int top_k,
                              int tile_tokens);
 
-// ---- launchers (sm90_moe_route.cu) ----
-void launch_route(cudaStream_t stream, const float* logits, int n_tokens, int n_experts,
+// ---- launchers (sm90_moe_route.cu). The launchers that take a KernelLaunch launch kernels
+// that pdl_wait first (launch.cuh), so they may run with PDL. ----
+void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens, int n_experts,
                   const RoutingSpec& spec, const float* bias, int* ids, float* weights);
-void launch_permute(cudaStream_t stream, const int* ids, int n_tokens, int top_k, int n_experts,
+void launch_permute(const KernelLaunch& launch, const int* ids, int n_tokens, int top_k, int n_experts,
                     bool shared, int tile_tokens, const MoeScratch& s);
-void launch_combine(cudaStream_t stream, const float* y, const int* pos, const float* weights,
+void launch_combine(const KernelLaunch& launch, const float* y, const int* pos, const float* weights,
                     int n_tokens, int top_k, bool shared, int hidden, uint16_t* out);
 
 // What both GEMM kernel families read: the work items, one weight matrix of every expert,
@@ -143,22 +145,22 @@ inline bool moe_uses_wgmma(WeightFormat format, int tile_tokens) {
 }
 
 // ---- launchers (sm90_moe_gemm.cu; they hand wgmma tiles on) ----
-void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
+void launch_gate_up(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x,
                     const MoeScratch& s, int tile_tokens);
-void launch_down(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
+void launch_down(const KernelLaunch& launch, const CudaMoeExperts& ex, const MoeScratch& s,
                  int tile_tokens);
 
 // ---- the fused decode kernel (sm90_moe_decode.cu): grouping, gate/up, down and combine in
 // one launch, for a few tokens ----
 bool moe_decode_takes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k);
 // s: a scratch carved for tile 8 (only its h and y are used).
-void launch_moe_decode(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x, const int* ids,
+void launch_moe_decode(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x, const int* ids,
                        const float* weights, int n_tokens, int top_k, const MoeScratch& s, uint16_t* out);
 
 // ---- launchers (sm90_moe_wgmma.cu) ----
-void launch_gate_up_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
+void launch_gate_up_wgmma(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x,
                           const MoeScratch& s, int tile_tokens);
-void launch_down_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
+void launch_down_wgmma(const KernelLaunch& launch, const CudaMoeExperts& ex, const MoeScratch& s,
                        int tile_tokens);
 
 // ---- the general path (moe_general.cu): any hidden and intermediate size (multiples of 16

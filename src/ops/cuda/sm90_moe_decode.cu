@@ -34,6 +34,7 @@
 #include <algorithm>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/sm90_async.cuh"
 #include "ops/cuda/sm90_nvfp4_decode.cuh"
@@ -420,6 +421,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_decode_kernel(DecodeParams p)
   extern __shared__ __align__(128) uint8_t decode_smem[];
   DecodeSmem& sm = *reinterpret_cast<DecodeSmem*>(decode_smem);
   const int warp = threadIdx.x >> 5;
+  // With PDL the router may still run: wait for its ids. Blocks of the next kernel may start
+  // early once every block here is resident; this kernel's blocks never wait for a block that
+  // is not running (units are taken in order), so they cannot be starved by them.
+  pdl_wait();
+  pdl_launch_dependents();
   if (warp == 0) {
     group_rows(p, sm, *reinterpret_cast<GroupScratch*>(ring_slot(sm, 0, p.slot_bytes)));
     fence_proxy_async_smem();  // the ring's bytes were the grouping's; bulk copies write them next
@@ -474,7 +480,7 @@ bool moe_decode_takes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k) {
          n_tokens <= kMoeDecodeMaxTokens && rows <= kMoeDecodeMaxRows && ex.n_stored() <= kMaxStored;
 }
 
-void launch_moe_decode(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x, const int* ids,
+void launch_moe_decode(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x, const int* ids,
                        const float* weights, int n_tokens, int top_k, const MoeScratch& s, uint16_t* out) {
   TETRA_CHECK(moe_decode_takes(ex, n_tokens, top_k), "moe: the fused decode kernel does not take this call (",
               n_tokens, " tokens, top-k ", top_k, "): moe_experts checks moe_decode_takes first");
@@ -509,8 +515,7 @@ void launch_moe_decode(cudaStream_t stream, const CudaMoeExperts& ex, const uint
   int device = 0, sms = 0;
   TETRA_CUDA_CHECK(cudaGetDevice(&device));
   TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  moe_decode_kernel<<<sms, kThreads, smem, stream>>>(p);
-  TETRA_CUDA_CHECK_LAUNCH("moe fused decode");
+  launch_kernel(launch, moe_decode_kernel, sms, kThreads, smem, p);
 }
 
 }  // namespace tetra::ops::cuda

@@ -16,6 +16,7 @@
 #include <cuda_fp8.h>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/sm90_nvfp4_decode.cuh"
 
@@ -227,6 +228,8 @@ constexpr int min_blocks(int nt) { return nt == 1 ? 4 : nt == 2 ? 3 : nt == 4 ? 
 // picks 16 * kWarps / kSplit of the I columns, gate rows and the matching up rows.
 template <bool kFp4, int kNT, int kS, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(MoeGemmParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   if (int(blockIdx.x) >= *p.n_items) return;  // the whole block leaves together
   const MoeWorkItem item = p.items[blockIdx.x];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -260,6 +263,8 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(M
 // y[row, n] = h W_down^T for the tokens of one work item; each row tile is 32 rows of W_down.
 template <bool kFp4, int kNT, int kS, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) down_kernel(MoeGemmParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   if (int(blockIdx.x) >= *p.n_items) return;
   const MoeWorkItem item = p.items[blockIdx.x];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -292,25 +297,24 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) down_kernel(MoeG
 // a warp 4 chunks, too few to fill its pipeline). Many tokens: one row tile per warp, so the
 // 4 warps of a block share their activations through L1.
 template <bool kFp4, int kNT, int kS, int kSplitGateUp, int kSplitDown>
-void launch_pair(cudaStream_t stream, const MoeGemmParams& p, int max_items, bool gate_up) {
+void launch_pair(const KernelLaunch& launch, const MoeGemmParams& p, int max_items, bool gate_up) {
   const dim3 block(kWarps * 32);
   if (gate_up) {
     constexpr int kRows = 16 * kWarps / kSplitGateUp;  // columns of h a block owns
-    gate_up_kernel<kFp4, kNT, kS, kSplitGateUp><<<dim3(max_items, p.n / kRows), block, 0, stream>>>(p);
+    launch_kernel(launch, gate_up_kernel<kFp4, kNT, kS, kSplitGateUp>, dim3(max_items, p.n / kRows), block, 0, p);
   } else {
     constexpr int kRows = 32 * kWarps / kSplitDown;  // rows of W_down a block owns
-    down_kernel<kFp4, kNT, kS, kSplitDown><<<dim3(max_items, p.n / kRows), block, 0, stream>>>(p);
+    launch_kernel(launch, down_kernel<kFp4, kNT, kS, kSplitDown>, dim3(max_items, p.n / kRows), block, 0, p);
   }
-  TETRA_CUDA_CHECK_LAUNCH(gate_up ? "moe gate_up" : "moe down");
 }
 
 template <bool kFp4>
-void launch_gemm(cudaStream_t stream, const MoeGemmParams& p, int tile_tokens, int max_items, bool gate_up) {
+void launch_gemm(const KernelLaunch& launch, const MoeGemmParams& p, int tile_tokens, int max_items, bool gate_up) {
   switch (tile_tokens) {
-    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, 4, 2>(stream, p, max_items, gate_up); break;
-    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4, 2>(stream, p, max_items, gate_up); break;
-    case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(stream, p, max_items, gate_up); break;
-    case 64: launch_pair<kFp4, 8, 2, 1, 1>(stream, p, max_items, gate_up); break;
+    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, 4, 2>(launch, p, max_items, gate_up); break;
+    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4, 2>(launch, p, max_items, gate_up); break;
+    case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(launch, p, max_items, gate_up); break;
+    case 64: launch_pair<kFp4, 8, 2, 1, 1>(launch, p, max_items, gate_up); break;
     default:
       fail("moe: tile_tokens must be 8, 16, 32 or 64", kFp4 ? " (128, 192 or 256 for NVFP4)" : "", ", not ",
            tile_tokens);
@@ -340,28 +344,28 @@ MoeGemmParams moe_gemm_params(const CudaMoeExperts& ex, const MoeScratch& s, boo
   return p;
 }
 
-void launch_gate_up(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
+void launch_gate_up(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x,
                     const MoeScratch& s, int tile_tokens) {
-  if (moe_uses_wgmma(ex.format, tile_tokens)) return launch_gate_up_wgmma(stream, ex, x, s, tile_tokens);
+  if (moe_uses_wgmma(ex.format, tile_tokens)) return launch_gate_up_wgmma(launch, ex, x, s, tile_tokens);
   MoeGemmParams p = moe_gemm_params(ex, s, true);
   p.b = x;
   p.b_rows = s.row_token;
   if (ex.format == WeightFormat::Nvfp4)
-    launch_gemm<true>(stream, p, tile_tokens, s.max_items, true);
+    launch_gemm<true>(launch, p, tile_tokens, s.max_items, true);
   else
-    launch_gemm<false>(stream, p, tile_tokens, s.max_items, true);
+    launch_gemm<false>(launch, p, tile_tokens, s.max_items, true);
 }
 
-void launch_down(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
+void launch_down(const KernelLaunch& launch, const CudaMoeExperts& ex, const MoeScratch& s,
                  int tile_tokens) {
-  if (moe_uses_wgmma(ex.format, tile_tokens)) return launch_down_wgmma(stream, ex, s, tile_tokens);
+  if (moe_uses_wgmma(ex.format, tile_tokens)) return launch_down_wgmma(launch, ex, s, tile_tokens);
   MoeGemmParams p = moe_gemm_params(ex, s, false);
   p.b = s.h;
   p.b_rows = nullptr;
   if (ex.format == WeightFormat::Nvfp4)
-    launch_gemm<true>(stream, p, tile_tokens, s.max_items, false);
+    launch_gemm<true>(launch, p, tile_tokens, s.max_items, false);
   else
-    launch_gemm<false>(stream, p, tile_tokens, s.max_items, false);
+    launch_gemm<false>(launch, p, tile_tokens, s.max_items, false);
 }
 
 }  // namespace tetra::ops::cuda

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe_internal.h"
 
 namespace tetra::ops::cuda {
@@ -52,6 +53,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // One warp per token, FORMATS.md §2.2: scores (softmax, or sigmoid with the correction bias
 // for selection only), optional group pruning, top-k, optional renormalization, scaling.
 __global__ void __launch_bounds__(kRouteWarps * 32) route_kernel(RouteParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ float route_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * kRouteWarps + warp;
@@ -145,6 +148,8 @@ struct PermuteParams {
 // every (token, slot) its permuted row. Within an expert the row order is whatever the
 // atomics give; every row is computed independently, so the results do not depend on it.
 __global__ void __launch_bounds__(kPermuteThreads) permute_kernel(PermuteParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ int cnt[kMaxExperts + 1], off[kMaxExperts + 1], item_off[kMaxExperts + 1];
   const int n_stored = p.n_experts + (p.shared ? 1 : 0);
   const int kk = p.top_k + (p.shared ? 1 : 0);
@@ -202,6 +207,8 @@ __global__ void __launch_bounds__(kPermuteThreads) permute_kernel(PermuteParams 
 __global__ void combine_kernel(const float* __restrict__ y, const int* __restrict__ pos,
                                const float* __restrict__ weights, int top_k, bool shared,
                                int hidden, __nv_bfloat16* __restrict__ out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = blockIdx.x;
   const int kk = top_k + (shared ? 1 : 0);
   // blockIdx.y splits the row: one block per token alone would leave a 1-token batch to a
@@ -224,7 +231,7 @@ __global__ void combine_kernel(const float* __restrict__ y, const int* __restric
 
 }  // namespace
 
-void launch_route(cudaStream_t stream, const float* logits, int n_tokens, int n_experts,
+void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens, int n_experts,
                   const RoutingSpec& spec, const float* bias, int* ids, float* weights) {
   TETRA_CHECK(n_experts > 0 && n_experts <= kMaxExperts, "moe route: at most ", kMaxExperts,
               " experts are supported, not ", n_experts);
@@ -240,26 +247,23 @@ void launch_route(cudaStream_t stream, const float* logits, int n_tokens, int n_
                 spec.n_group, spec.topk_group, sigmoid, spec.norm_topk_prob,
                 spec.routed_scaling_factor};
   const size_t smem = size_t(kRouteWarps) * 2 * n_experts * sizeof(float);
-  route_kernel<<<(n_tokens + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, smem, stream>>>(p);
-  TETRA_CUDA_CHECK_LAUNCH("moe route");
+  launch_kernel(launch, route_kernel, (n_tokens + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, smem, p);
 }
 
-void launch_permute(cudaStream_t stream, const int* ids, int n_tokens, int top_k, int n_experts,
+void launch_permute(const KernelLaunch& launch, const int* ids, int n_tokens, int top_k, int n_experts,
                     bool shared, int tile_tokens, const MoeScratch& s) {
   TETRA_CHECK(n_experts + 1 <= kMaxExperts, "moe: at most ", kMaxExperts - 1, " experts");
   PermuteParams p{ids, n_tokens, top_k, n_experts, shared, tile_tokens, s};
-  permute_kernel<<<1, kPermuteThreads, 0, stream>>>(p);
-  TETRA_CUDA_CHECK_LAUNCH("moe permute");
+  launch_kernel(launch, permute_kernel, 1, kPermuteThreads, 0, p);
 }
 
-void launch_combine(cudaStream_t stream, const float* y, const int* pos, const float* weights,
+void launch_combine(const KernelLaunch& launch, const float* y, const int* pos, const float* weights,
                     int n_tokens, int top_k, bool shared, int hidden, uint16_t* out) {
   TETRA_CHECK(hidden % 4 == 0, "moe combine: hidden size must be a multiple of 4");
   // Enough blocks to fill the GPU at small T; spans stay multiples of 4 values.
   const int split = n_tokens >= 256 ? 1 : std::min(hidden / 256, (1024 + n_tokens - 1) / n_tokens);
-  combine_kernel<<<dim3(n_tokens, std::max(split, 1)), 256, 0, stream>>>(y, pos, weights, top_k, shared, hidden,
-                                                reinterpret_cast<__nv_bfloat16*>(out));
-  TETRA_CUDA_CHECK_LAUNCH("moe combine");
+  launch_kernel(launch, combine_kernel, dim3(n_tokens, std::max(split, 1)), 256, 0, y, pos, weights, top_k, shared,
+                hidden, reinterpret_cast<__nv_bfloat16*>(out));
 }
 
 }  // namespace tetra::ops::cuda

@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/sm90_nvfp4_decode.cuh"
 
@@ -293,6 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_kernel(MoeGemmParams p) {
   __shared__ const uint16_t* brows[kN];
   MoeWorkItem item;
   uint32_t smem;
+  pdl_wait();
+  pdl_launch_dependents();
   if (!setup_block<kN>(p, item, brows, smem)) return;
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -324,26 +327,22 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_kernel(MoeGemmParams p) {
 }
 
 template <typename Kernel>
-void launch(Kernel kernel, int smem_bytes, dim3 grid, cudaStream_t stream, const MoeGemmParams& p,
-            const char* what) {
+void launch_with_smem(Kernel kernel, int smem_bytes, dim3 grid, const KernelLaunch& launch, const MoeGemmParams& p) {
   // Dynamic shared memory above 48 KB must be allowed per kernel; setting it again is cheap.
   TETRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(p);
-  TETRA_CUDA_CHECK_LAUNCH(what);
+  launch_kernel(launch, kernel, grid, kThreads, smem_bytes, p);
 }
 
 template <int kN>
-void launch_tile(cudaStream_t stream, const MoeGemmParams& p, int max_items, bool gate_up) {
+void launch_tile(const KernelLaunch& launch, const MoeGemmParams& p, int max_items, bool gate_up) {
   constexpr int kSmem = TileShape<kN>::kSmemBytes;
   if (gate_up)
-    launch(wgmma_kernel<kN, true>, kSmem, dim3(max_items, p.n / (kWgs * 32)), stream, p,
-           "moe gate_up (wgmma)");
+    launch_with_smem(wgmma_kernel<kN, true>, kSmem, dim3(max_items, p.n / (kWgs * 32)), launch, p);
   else
-    launch(wgmma_kernel<kN, false>, kSmem, dim3(max_items, p.n / (kWgs * 64)), stream, p,
-           "moe down (wgmma)");
+    launch_with_smem(wgmma_kernel<kN, false>, kSmem, dim3(max_items, p.n / (kWgs * 64)), launch, p);
 }
 
-void launch_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* b, const int* b_rows,
+void launch_wgmma(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* b, const int* b_rows,
                   const MoeScratch& s, int tile_tokens, bool gate_up) {
   TETRA_CHECK(ex.format == WeightFormat::Nvfp4, "moe: the wgmma path (tile_tokens ", tile_tokens,
               ") is for NVFP4 weights");
@@ -351,27 +350,27 @@ void launch_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t*
   p.b = b;
   p.b_rows = b_rows;
   if (tile_tokens == 64)
-    launch_tile<64>(stream, p, s.max_items, gate_up);
+    launch_tile<64>(launch, p, s.max_items, gate_up);
   else if (tile_tokens == 128)
-    launch_tile<128>(stream, p, s.max_items, gate_up);
+    launch_tile<128>(launch, p, s.max_items, gate_up);
   else if (tile_tokens == 192)
-    launch_tile<192>(stream, p, s.max_items, gate_up);
+    launch_tile<192>(launch, p, s.max_items, gate_up);
   else if (tile_tokens == 256)
-    launch_tile<256>(stream, p, s.max_items, gate_up);
+    launch_tile<256>(launch, p, s.max_items, gate_up);
   else
     fail("moe: the wgmma path takes tile_tokens 64, 128, 192 or 256, not ", tile_tokens);
 }
 
 }  // namespace
 
-void launch_gate_up_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const uint16_t* x,
+void launch_gate_up_wgmma(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x,
                           const MoeScratch& s, int tile_tokens) {
-  launch_wgmma(stream, ex, x, s.row_token, s, tile_tokens, true);
+  launch_wgmma(launch, ex, x, s.row_token, s, tile_tokens, true);
 }
 
-void launch_down_wgmma(cudaStream_t stream, const CudaMoeExperts& ex, const MoeScratch& s,
+void launch_down_wgmma(const KernelLaunch& launch, const CudaMoeExperts& ex, const MoeScratch& s,
                        int tile_tokens) {
-  launch_wgmma(stream, ex, s.h, nullptr, s, tile_tokens, false);
+  launch_wgmma(launch, ex, s.h, nullptr, s, tile_tokens, false);
 }
 
 }  // namespace tetra::ops::cuda
