@@ -252,12 +252,12 @@ INSTANTIATE_TEST_SUITE_P(
                     MoeCase{"one_expert_prefill", 384, 256, 8, 1, 300, Ids::OneExpert, false, F4},
                     // For the fused decode kernel: one token; a shared expert; more than 8 tokens on
                     // one expert (several items each); 512 rows, its limit; Qwen3-30B-A3B's I = 768
-                    // (6 chunks over 8 warps: some have none); 65 tokens, one past its limit.
+                    // (6 chunks of K, in halves); 65 tokens, one past its limit.
                     MoeCase{"fused_one_token", 512, 256, 16, 4, 1, Ids::Random, false, F4},
                     MoeCase{"fused_shared", 512, 256, 16, 4, 7, Ids::Random, true, F4},
                     MoeCase{"fused_one_expert", 512, 256, 8, 2, 40, Ids::OneExpert, true, F4},
                     MoeCase{"fused_max_rows", 256, 512, 64, 7, 64, Ids::Random, true, F4},
-                    MoeCase{"fused_partial_stage", 1024, 768, 32, 8, 3, Ids::Random, false, F4},
+                    MoeCase{"fused_i768", 1024, 768, 32, 8, 3, Ids::Random, false, F4},
                     MoeCase{"fused_too_many", 256, 256, 16, 2, 65, Ids::Random, false, F4},
                     MoeCase{"bf16_off_grid", 256, 128, 16, 4, 37, Ids::Random, false, BF},
                     MoeCase{"bf16_shared_one", 256, 128, 8, 2, 1, Ids::Random, true, BF}),
