@@ -463,6 +463,13 @@ void CudaBackend::sample(const Context& ctx, TensorView logits, TensorView rows,
                 out.as<SampledToken>(), w);
 }
 
+namespace {
+
+// A tuned MoE choice as the startup line prints it: the tile width, or "fused".
+std::string moe_choice(const MoeConfig& c) { return c.fused ? std::string("fused") : std::to_string(c.tile_tokens); }
+
+}  // namespace
+
 // Tunes the MoE tiles of each distinct expert shape for token counts 1, 2, 4, ... up to
 // max_tokens, on random inputs (the tuner keys on power-of-two buckets), before any forward.
 // A bucket the tuner holds already (an earlier engine's, or the cache file's) keeps its
@@ -486,7 +493,7 @@ void CudaBackend::warm_up(const Context& ctx, const std::vector<const MoeExperts
     std::string report;
     for (int64_t t = 1;; t = std::min(2 * t, max_tokens)) {
       if (moe_tuned(ctx, *routed, t, top_k)) {
-        report += str_cat(report.empty() ? "" : ", ", "T=", t, ": ", pick_moe_config(ctx, *routed, t, top_k).tile_tokens,
+        report += str_cat(report.empty() ? "" : ", ", "T=", t, ": ", moe_choice(pick_moe_config(ctx, *routed, t, top_k)),
                           " (tuned before)");
         if (t >= max_tokens) break;
         continue;
@@ -512,7 +519,7 @@ void CudaBackend::warm_up(const Context& ctx, const std::vector<const MoeExperts
       Context c = ctx;
       c.workspace = Workspace{ws.view().data, ws.view().nbytes()};
       const MoeConfig chosen = tune_moe(c, x.view(), ids.view(), w.view(), *routed, out.view());
-      report += str_cat(report.empty() ? "" : ", ", "T=", t, ": ", chosen.tile_tokens);
+      report += str_cat(report.empty() ? "" : ", ", "T=", t, ": ", moe_choice(chosen));
       if (t >= max_tokens) break;
     }
     log_info("MoE tiles for H ", s.hidden, ", I ", s.intermediate, ", E ", s.n_experts, ", top-", top_k, ": ",

@@ -208,17 +208,19 @@ __device__ void gate_up_unit(const DecodeParams& p, const DecodeShared& sm, int 
 __device__ void down_unit(const DecodeParams& p, const DecodeShared& sm, int item_index, int unit_tile) {
   const DecodeItem item = sm.items[item_index];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // h of the item is complete once all its gate/up units have counted (each released its part).
-  if (threadIdx.x == 0)
-    while (ld_acquire_gpu(p.ctl.item_gate_up + item_index) < p.inter / 16) __nanosleep(64);
-  __syncthreads();
   const BlockRole<kSplitDown> role(p.inter / kMoeChunkK);
   const int n0 = unit_tile * kDownCols + role.tile * 32;
   const int rows[2] = {n0, n0 + 16};
   WarpOperands<2, 1> op;
   warp_operands<true, 2, 1>(p.down, MoeWorkItem{item.expert, item.begin, item.n, 0}, rows, op);
   float acc[2][1][4];
-  gemm_warp<true, 2, 1, kStages, true>(op, role.c_begin, role.c_end, acc);
+  // The weights do not depend on h: their first stages load while the block waits for it. h
+  // of the item is complete once all its gate/up units have counted (each released its part).
+  gemm_warp<true, 2, 1, kStages, true>(op, role.c_begin, role.c_end, acc, [&] {
+    if (threadIdx.x == 0)
+      while (ld_acquire_gpu(p.ctl.item_gate_up + item_index) < p.inter / 16) __nanosleep(32);
+    __syncthreads();
+  });
   reduce_split_k<2, 1, kSplitDown>(acc, role.kpart, role.tile);
   if (role.kpart != 0) return;
   const float gs = p.global_scale[item.expert * 3 + 2] * 256.0f;

@@ -118,12 +118,18 @@ __device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT>& st,
   }
 }
 
+struct NothingFirst {
+  __device__ void operator()() const {}
+};
+
 // The main loop over chunks [c_begin, c_end): kS stages in flight, so each lane has
 // (kS - 1) * kMT * 2 weight loads pending while it computes. kCoherentB: the activations were
 // written by this kernel's other blocks, so they are read through L2, not the read-only path.
-template <bool kFp4, int kMT, int kNT, int kS, bool kCoherentB = false>
+// before_b runs after the first weight loads are issued and before any activation is read
+// (a wait for the activations to be ready, say).
+template <bool kFp4, int kMT, int kNT, int kS, bool kCoherentB = false, typename BeforeB = NothingFirst>
 __device__ __forceinline__ void gemm_warp(const WarpOperands<kMT, kNT>& op, int c_begin, int c_end,
-                                          float (&acc)[kMT][kNT][4]) {
+                                          float (&acc)[kMT][kNT][4], BeforeB before_b = {}) {
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
 #pragma unroll
@@ -134,6 +140,7 @@ __device__ __forceinline__ void gemm_warp(const WarpOperands<kMT, kNT>& op, int 
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s)
     if (c_begin + s < c_end) load_stage(st[s], op, c_begin + s);
+  before_b();
   for (int c = c_begin; c < c_end; c += kS) {
 #pragma unroll
     for (int s = 0; s < kS; ++s) {
