@@ -32,6 +32,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/gpu_sync.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/moe_grouping.cuh"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/sm90_moe_stream.cuh"
 
@@ -107,26 +108,8 @@ __device__ void group_rows(const DecodeParams& p, DecodeShared& sm, GroupScratch
     }
     __syncwarp();
   }
-  // Exclusive scans of rows and items over the experts, each lane owning a run of them.
-  const int per = (n_stored + 31) / 32;
-  const int e0 = min(lane * per, n_stored), e1 = min(e0 + per, n_stored);
-  int rows = 0, items = 0;
-  for (int e = e0; e < e1; ++e) rows += g.cnt[e], items += (g.cnt[e] + kItemTokens - 1) / kItemTokens;
-  int rows_incl = rows, items_incl = items;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int ro = __shfl_up_sync(0xffffffffu, rows_incl, o);
-    const int io = __shfl_up_sync(0xffffffffu, items_incl, o);
-    if (lane >= o) rows_incl += ro, items_incl += io;
-  }
-  int r = rows_incl - rows, it = items_incl - items;
-  for (int e = e0; e < e1; ++e) {
-    g.off[e] = r;
-    g.item_off[e] = it;
-    r += g.cnt[e];
-    it += (g.cnt[e] + kItemTokens - 1) / kItemTokens;
-  }
-  if (lane == 31) sm.n_items = items_incl;
+  const int n_items = warp_scan_expert_rows(g.cnt, n_stored, kItemTokens, g.off, g.item_off);
+  if (lane == 0) sm.n_items = n_items;
   __syncwarp();
   for (int e = lane; e < n_stored; e += 32)
     for (int q = 0; q * kItemTokens < g.cnt[e]; ++q)

@@ -9,6 +9,7 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/moe_grouping.cuh"
 #include "ops/cuda/moe_internal.h"
 
 namespace tetra::ops::cuda {
@@ -164,26 +165,8 @@ __global__ void __launch_bounds__(kPermuteThreads) permute_kernel(PermuteParams 
   }
   __syncthreads();
   if (threadIdx.x < 32) {
-    // Exclusive scans of rows and items per expert: each lane owns a run of experts.
-    const int lane = threadIdx.x, per = (n_stored + 31) / 32;
-    const int e0 = min(lane * per, n_stored), e1 = min(e0 + per, n_stored);
-    int rows = 0, items = 0;
-    for (int e = e0; e < e1; ++e) rows += cnt[e], items += (cnt[e] + p.tile_tokens - 1) / p.tile_tokens;
-    int rows_incl = rows, items_incl = items;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int r = __shfl_up_sync(0xffffffffu, rows_incl, o);
-      const int it = __shfl_up_sync(0xffffffffu, items_incl, o);
-      if (lane >= o) rows_incl += r, items_incl += it;
-    }
-    int r = rows_incl - rows, it = items_incl - items;
-    for (int e = e0; e < e1; ++e) {
-      off[e] = r;
-      item_off[e] = it;
-      r += cnt[e];
-      it += (cnt[e] + p.tile_tokens - 1) / p.tile_tokens;
-    }
-    if (lane == 31) *p.s.n_items = items_incl;
+    const int n_items = warp_scan_expert_rows(cnt, n_stored, p.tile_tokens, off, item_off);
+    if (threadIdx.x == 0) *p.s.n_items = n_items;
   }
   __syncthreads();
   for (int e = threadIdx.x; e < n_stored; e += blockDim.x) {
