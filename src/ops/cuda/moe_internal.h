@@ -24,7 +24,8 @@ inline constexpr int kMoeDecodeMaxItems = kMoeDecodeMaxRows + kMoeDecodeMaxRows 
 
 // Device counters through which the blocks of the fused decode kernel hand work to each
 // other. Every launch leaves them zero (the block that uses a counter last resets it), so
-// they are zeroed once, when the experts are made.
+// they are zeroed once, when the experts are made; and two launches on the same experts must
+// not run at once (one stream per experts object, as the engine has).
 struct MoeDecodeControl {
   int* next_unit = nullptr;     // [1] the next unit to take
   int* exited = nullptr;        // [1] blocks that have finished
