@@ -144,7 +144,7 @@ struct AttentionBatch {
 // The tensors are in the backend's kv_dtype(). With an F8_E4M3 cache (--kv-cache-dtype
 // fp8_e4m3) a GQA value x is stored as e4m3(x / k_scale) (keys) or e4m3(x / v_scale) (values),
 // round-to-nearest-even saturating at 448, and read back as f32(e4m3) * scale: vLLM's per-tensor
-// k_scale / v_scale, 1.0 unless the checkpoint gives them. MLA's latent rows and the DSA index
+// k_scale / v_scale (model::KvLayerShape: a GQA checkpoint's, else 1.0). MLA's latent rows and the DSA index
 // keys (written by cache_write, which takes no scale) are stored at scale 1.
 struct KvCacheLayer {
   TensorView k, v;

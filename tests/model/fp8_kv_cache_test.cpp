@@ -4,11 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <unistd.h>
 
 #include "fixtures.h"
+#include "formats/safetensors.h"
+#include "formats/safetensors_writer.h"
 #include "model/model.h"
 #include "runtime/evaluate.h"
 #include "runtime/generate.h"
+#include "runtime/kv_cache.h"
 #include "runtime/ranks.h"
 
 namespace tetra {
@@ -114,6 +119,78 @@ TEST_P(Fp8KvCache, TeacherForcedKlFromTheF32Cache) {
   std::printf("%s: mean KL(F32 cache || FP8 cache) %.2e nats over %lld predictions\n", GetParam().c_str(), mean_kl,
               static_cast<long long>(scored));
   EXPECT_LE(mean_kl, dsa ? 1.0 : 0.15);
+}
+
+// A copy of qwen3_moe-tiny with ModelOpt's KV cache scales added: layer 0's on the projections
+// (k_proj.k_scale, v_proj.v_scale), layer 1's on self_attn (k_scale, v_scale).
+class CheckpointKvScales : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("tetra_kv_scales_" + std::to_string(::getpid()) + "_" +
+                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    std::filesystem::copy_file(src_ / "config.json", dir_ / "config.json");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  void write(const std::vector<std::pair<std::string, float>>& scales) {
+    auto ckpt = Checkpoint::open(src_);
+    std::vector<TensorDecl> decls;
+    for (const auto& name : ckpt->names()) {
+      const TensorView v = ckpt->get(name);
+      decls.push_back({name, v.dtype, v.shape});
+    }
+    for (const auto& [name, value] : scales) decls.push_back({name, DType::F32, Shape{}});
+    SafetensorsWriter w(dir_ / "model.safetensors", decls);
+    for (const auto& name : ckpt->names()) {
+      const TensorView v = ckpt->get(name);
+      w.write(name, v.data, uint64_t(v.nbytes()));
+    }
+    for (const auto& [name, value] : scales) w.write(name, &value, sizeof(float));
+    w.finish();
+  }
+
+  const std::filesystem::path src_ = testing::fixtures_dir() / "qwen3_moe-tiny";
+  std::filesystem::path dir_;
+};
+
+TEST_F(CheckpointKvScales, ReachTheCacheLayers) {
+  write({{"model.layers.0.self_attn.k_proj.k_scale", 0.5f}, {"model.layers.0.self_attn.v_proj.v_scale", 2.0f},
+         {"model.layers.1.self_attn.k_scale", 0.25f}, {"model.layers.1.self_attn.v_scale", 4.0f}});
+  auto fp8 = ops::make_cpu_backend(2, DType::F8_E4M3);
+  auto m = model::load_model(dir_, *fp8);
+  const auto layout = m->kv_layout();
+  ASSERT_GE(layout.size(), 2u);
+  EXPECT_EQ(layout[0].k_scale, 0.5f);
+  EXPECT_EQ(layout[0].v_scale, 2.0f);
+  EXPECT_EQ(layout[1].k_scale, 0.25f);
+  EXPECT_EQ(layout[1].v_scale, 4.0f);
+  runtime::KvCache cache(*fp8, layout, 16, 4);
+  EXPECT_EQ(cache.layers()[0].k_scale, 0.5f);
+  EXPECT_EQ(cache.layers()[1].v_scale, 4.0f);
+  EXPECT_EQ(cache.layers()[0].k.dtype, DType::F8_E4M3);
+  // Scales of a few powers of two only move where E4M3 rounds: generation stays as close to
+  // the F32 cache as with scale 1.
+  auto f32 = ops::make_cpu_backend(2);
+  auto m32 = model::load_model(src_, *f32);
+  const auto c = testing::read_cases(src_).at(1);
+  runtime::GenerateOptions opts{.max_new_tokens = c.max_new_tokens, .ignore_eos = true};
+  const auto r8 = runtime::generate(*m, *fp8, c.prompt_ids, opts), r32 = runtime::generate(*m32, *f32, c.prompt_ids, opts);
+  ASSERT_EQ(r8.token_ids.size(), r32.token_ids.size());
+  for (size_t t = 0; t < r8.token_ids.size() && r8.token_ids[t] == r32.token_ids[t]; ++t)
+    EXPECT_NEAR(r8.logprobs[t], r32.logprobs[t], kLogprobTolerance) << t;
+}
+
+TEST_F(CheckpointKvScales, ABadScaleIsOneSentence) {
+  write({{"model.layers.0.self_attn.k_proj.k_scale", -1.0f}});
+  auto fp8 = ops::make_cpu_backend(2, DType::F8_E4M3);
+  try {
+    model::load_model(dir_, *fp8);
+    FAIL() << "a negative k_scale was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.self_attn.k_proj.k_scale"), std::string::npos) << e.what();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Fp8KvCache,
