@@ -60,7 +60,7 @@ int cmd_eval(int argc, char** argv) {
   CLI::App app{"Perplexity of a model over a text; with --ref, KL divergence and top-1 "
                "agreement against a reference model.", "tetra eval"};
   app.option_defaults()->always_capture_default();
-  std::string model_dir, text_file, ref_dir, ids_file, hf_overrides;
+  std::string model_dir, text_file, ref_dir, ids_file, hf_overrides, ref_kv_cache_dtype = "auto";
   int64_t window = 512;
   DeviceFlags dev;
   bool json = false;
@@ -71,6 +71,9 @@ int cmd_eval(int argc, char** argv) {
   app.add_option("--ref", ref_dir, "reference model folder (e.g. the BF16 original)");
   app.add_option("--window", window, "tokens per evaluation window")->check(CLI::Range(2, 1 << 20));
   add_device_flags(app, dev, false);
+  app.add_option("--ref-kv-cache-dtype", ref_kv_cache_dtype,
+                 "the KV cache dtype of --ref (auto or fp8_e4m3): --kv-cache-dtype fp8_e4m3 with the default "
+                 "measures the FP8 cache against the model's own");
   add_hf_overrides_flag(app, hf_overrides)->description(
       "a JSON object merged into the config.json of --model and of --ref before it is read, e.g. "
       "'{\"num_hidden_layers\": 6}' (nested objects merge key by key)");
@@ -113,11 +116,15 @@ int cmd_eval(int argc, char** argv) {
   }
 
   const ops::BackendOptions backend = backend_options(dev);
+  ops::BackendOptions ref_backend = backend;
+  ref_backend.kv_cache_dtype = ops::parse_kv_cache_dtype(ref_kv_cache_dtype, "--ref-kv-cache-dtype");
   std::unique_ptr<model::Model> unused;
   auto model = load(dir, backend, par, nullptr, unused, hf_overrides);
-  std::unique_ptr<model::Model> ref_model;  // one rank: the reference shares the model's backend
+  // One rank and the same KV dtype: the reference shares the model's backend; else its own.
+  const bool share = par.world() == 1 && ref_backend.kv_cache_dtype == backend.kv_cache_dtype;
+  std::unique_ptr<model::Model> ref_model;
   std::unique_ptr<runtime::ModelRanks> ref;
-  if (!ref_dir.empty()) ref = load(ref_dir, backend, par, par.world() == 1 ? &model->backend() : nullptr, ref_model,
+  if (!ref_dir.empty()) ref = load(ref_dir, ref_backend, par, share ? &model->backend() : nullptr, ref_model,
                                    hf_overrides);
 
   runtime::EvalOptions opt;

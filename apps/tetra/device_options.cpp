@@ -17,6 +17,11 @@ void add_device_flags(CLI::App& app, DeviceFlags& flags, bool load_format) {
   app.add_flag("--disable-pdl", flags.disable_pdl,
                "GPU: launch kernels without programmatic dependent launch (with it, on Hopper, a kernel "
                "starts while the one before it drains)");
+  // Checked by backend_options, so a bad value is the flag's one sentence, not CLI11's.
+  app.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
+                 "the paged KV cache's element type: auto (the backend's own: F32 on the CPU, BF16 on the "
+                 "GPU) or fp8_e4m3 (E4M3 bytes with a per-layer scale for K and V; half BF16's bytes; CPU only "
+                 "so far)");
 }
 
 CLI::Option* add_hf_overrides_flag(CLI::App& app, std::string& overrides) {
@@ -37,6 +42,7 @@ ops::BackendOptions backend_options(const DeviceFlags& flags) {
   o.device = flags.device;
   o.n_threads = flags.threads;
   o.pdl = !flags.disable_pdl;
+  o.kv_cache_dtype = ops::parse_kv_cache_dtype(flags.kv_cache_dtype);
   o.moe_tune_cache = moe_tune_cache_path();
   const char* autotune = std::getenv("TETRA_MOE_AUTOTUNE");
   o.moe_autotune = !(autotune && std::string(autotune) == "0");

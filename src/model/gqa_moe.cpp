@@ -20,6 +20,7 @@ struct AttentionWeights {
 struct Layer {
   TensorView input_norm, post_attention_norm;
   AttentionWeights attn;
+  float k_scale = 1.0f, v_scale = 1.0f;  // an FP8 KV cache's scales (KvLayerShape)
   FfnLayer ffn;
 };
 
@@ -67,6 +68,9 @@ class GqaMoeModel : public Model {
         a.q_norm = loader.floats(p + "self_attn.q_norm.weight", {c.head_dim});
         a.k_norm = loader.floats(p + "self_attn.k_norm.weight", {c.head_dim});
       }
+      // ModelOpt's FP8 KV cache scales (amax / 448), on the projection or on self_attn.
+      layer.k_scale = loader.scalar_or({p + "self_attn.k_proj.k_scale", p + "self_attn.k_scale"}, 1.0f);
+      layer.v_scale = loader.scalar_or({p + "self_attn.v_proj.v_scale", p + "self_attn.v_scale"}, 1.0f);
       layer.ffn = load_ffn(loader, c, l, names);
       layers_.push_back(std::move(layer));
     }
@@ -87,8 +91,11 @@ class GqaMoeModel : public Model {
   }
 
   std::vector<KvLayerShape> kv_layout() const override {
-    return std::vector<KvLayerShape>(size_t(config_.n_layers),
-                                     {heads_.n_kv, config_.head_dim, config_.head_dim});
+    std::vector<KvLayerShape> out;
+    for (const Layer& l : layers_)
+      out.push_back({.n_kv_heads = heads_.n_kv, .k_dim = config_.head_dim, .v_dim = config_.head_dim,
+                     .k_scale = l.k_scale, .v_scale = l.v_scale});
+    return out;
   }
 
   void forward(const ops::Context& ctx, const StepInputs& in,

@@ -21,6 +21,9 @@ struct KvLayerShape {
   int64_t k_dim = 0;
   int64_t v_dim = 0;
   int64_t index_dim = 0;
+  // An FP8 KV cache's per-tensor scales (ops::KvCacheLayer): the checkpoint's k_scale and
+  // v_scale where it has them (ModelOpt with kv_cache_quant_algo FP8), else 1.
+  float k_scale = 1.0f, v_scale = 1.0f;
 };
 
 // The inputs of one step, already on the backend's device.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 
 #include "formats/linear_tensors.h"
@@ -70,6 +71,19 @@ TensorView WeightLoader::random(const std::string& name, DType dtype, Shape shap
 
 ops::WeightFormat WeightLoader::format_of(const std::string& module) const {
   return format_of_algo(quant_ ? quant_->module_quant(module).algo : QuantAlgo::None);
+}
+
+float WeightLoader::scalar_or(const std::vector<std::string>& names, float fallback) {
+  for (const std::string& name : names) {
+    if (!has(name)) continue;
+    const TensorView t = checkpoint_->get(name);
+    TETRA_CHECK(t.dtype == DType::F32 && t.numel() == 1, "tensor ", name, " must be one F32 value, not ",
+                dtype_name(t.dtype), " ", t.shape.str());
+    const float v = t.as<const float>()[0];
+    TETRA_CHECK(std::isfinite(v) && v > 0, "tensor ", name, " is ", v, "; a KV cache scale must be positive");
+    return v;
+  }
+  return fallback;
 }
 
 TensorView WeightLoader::floats(const std::string& name, Shape shape) {

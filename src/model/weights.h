@@ -64,6 +64,9 @@ class WeightLoader {
                            const LinearSlice& slice = {});
   // A float tensor (BF16/F16/F32) of exactly this shape.
   TensorView floats(const std::string& name, Shape shape);
+  // The first of `names` the checkpoint has, an F32 scalar ([] or [1]) that must be positive
+  // and finite (a KV cache scale), or `fallback` where it has none (dummy weights have none).
+  float scalar_or(const std::vector<std::string>& names, float fallback);
   // The same, converted to F32 where it is stored narrower (router biases, which transformers
   // keeps in fp32 whatever the checkpoint stores).
   TensorView floats_f32(const std::string& name, Shape shape);

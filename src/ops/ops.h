@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -140,9 +141,15 @@ struct AttentionBatch {
 // GQA: k and v per KV head. MLA: k holds each token's compressed latent and its rope key
 // ([.., 1, kv_lora_rank + qk_rope_head_dim]), v is empty, and index_k holds the DSA
 // indexer's key ([.., 1, index_head_dim]) where the layer has an indexer.
+// The tensors are in the backend's kv_dtype(). With an F8_E4M3 cache (--kv-cache-dtype
+// fp8_e4m3) a GQA value x is stored as e4m3(x / k_scale) (keys) or e4m3(x / v_scale) (values),
+// round-to-nearest-even saturating at 448, and read back as f32(e4m3) * scale: vLLM's per-tensor
+// k_scale / v_scale (model::KvLayerShape: a GQA checkpoint's, else 1.0). MLA's latent rows and the DSA index
+// keys (written by cache_write, which takes no scale) are stored at scale 1.
 struct KvCacheLayer {
   TensorView k, v;
   TensorView index_k;
+  float k_scale = 1.0f, v_scale = 1.0f;
 };
 
 struct RopeSpec {
@@ -411,7 +418,8 @@ class Arena {
   bool frozen_ = false;
 };
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0);
+// kv_dtype: F32 (the default, `auto`) or F8_E4M3.
+std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0, DType kv_dtype = DType::F32);
 
 // The backend a command runs on (--device): "cpu", "cuda", or "auto" (cuda where a GPU
 // answers, else cpu).
@@ -422,7 +430,13 @@ struct BackendOptions {
   std::string moe_tune_cache;    // the MoE tuning cache file ("" keeps tunings in memory)
   bool moe_autotune = true;      // time the MoE tiles at warm-up (else the heuristic decides)
   bool pdl = true;               // CUDA: programmatic dependent launch where the device has it
+  // --kv-cache-dtype: none is `auto` (the backend's own: F32 on the CPU, BF16 on CUDA);
+  // F8_E4M3 is `fp8_e4m3`, on the CPU only so far (CUDA refuses it at start).
+  std::optional<DType> kv_cache_dtype;
 };
+// The --kv-cache-dtype value ("auto" -> none, "fp8_e4m3" or vLLM's alias "fp8" -> F8_E4M3);
+// any other text is one sentence naming `flag`.
+std::optional<DType> parse_kv_cache_dtype(const std::string& text, const std::string& flag = "--kv-cache-dtype");
 // Throws one sentence when the device asked for is not there (e.g. cuda without a GPU or
 // in a build without CUDA).
 std::unique_ptr<Backend> make_backend(const BackendOptions& options);

@@ -21,7 +21,7 @@ KvCache::KvCache(ops::Backend& backend, const std::vector<model::KvLayerShape>& 
     // batch's) sees finite values.
     backend.fill_zero(k->view());
     backend.fill_zero(v->view());
-    ops::KvCacheLayer layer{k->view(), v->view(), {}};
+    ops::KvCacheLayer layer{k->view(), v->view(), {}, l.k_scale, l.v_scale};
     storage_.push_back(std::move(k));
     storage_.push_back(std::move(v));
     if (l.index_dim > 0) {

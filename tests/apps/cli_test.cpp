@@ -278,6 +278,26 @@ TEST(Cli, DisablePdlOnEveryEngineCommand) {
   EXPECT_EQ(nlohmann::json::parse(no_pdl.out)["fingerprint"], nlohmann::json::parse(plain.out)["fingerprint"]);
 }
 
+// --kv-cache-dtype on every command that builds an engine: fp8_e4m3 runs on the CPU (a
+// different fingerprint, the FP8 cache's rounding), a bad value is one sentence naming the flag.
+TEST(Cli, KvCacheDtypeOnEveryEngineCommand) {
+  for (const char* cmd : {"serve", "generate", "eval", "bench decode"}) {
+    const auto help = run_cli(std::string(cmd) + " --help");
+    ASSERT_EQ(help.exit_code, 0) << cmd << ": " << help.err;
+    EXPECT_NE(help.out.find("--kv-cache-dtype"), std::string::npos) << cmd << ":\n" << help.out;
+  }
+  const std::string args = "generate --model " + kFixture.string() +
+                           " --device cpu --prompt-ids 1,2,3 --max-new-tokens 3 --ignore-eos --json";
+  const auto plain = run_cli(args), fp8 = run_cli(args + " --kv-cache-dtype fp8_e4m3"),
+             auto_ = run_cli(args + " --kv-cache-dtype auto");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.err;
+  ASSERT_EQ(auto_.exit_code, 0) << auto_.err;
+  EXPECT_EQ(nlohmann::json::parse(auto_.out)["fingerprint"], nlohmann::json::parse(plain.out)["fingerprint"]);
+  EXPECT_NE(nlohmann::json::parse(fp8.out)["fingerprint"], nlohmann::json::parse(plain.out)["fingerprint"]);
+  expect_clear_error(run_cli(args + " --kv-cache-dtype fp4"), "--kv-cache-dtype must be auto or fp8_e4m3, not 'fp4'");
+}
+
 class EvalIds : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -319,6 +339,23 @@ TEST_F(EvalIds, RanksScoreWhatOneRankScores) {
     EXPECT_NEAR(got["perplexity"].get<double>() / want["perplexity"].get<double>(), 1.0, 1e-4) << ranks;
     EXPECT_NEAR(got["mean_kl"].get<double>(), 0.0, 1e-9) << ranks;  // against itself, split alike
   }
+}
+
+// eval --kv-cache-dtype fp8_e4m3 --ref the same folder: the reference keeps the F32 cache
+// (--ref-kv-cache-dtype auto), so the KL is the FP8 cache's cost, small but not zero.
+TEST_F(EvalIds, Fp8KvCacheAgainstTheModelsOwnCache) {
+  const auto r = eval("--device cpu --window 6 --json --kv-cache-dtype fp8_e4m3 --ref " + kFixture.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto got = nlohmann::json::parse(r.out);
+  EXPECT_GT(got["mean_kl"].get<double>(), 0.0);
+  EXPECT_LT(got["mean_kl"].get<double>(), 1e-2);
+  const auto same = eval("--device cpu --window 6 --json --kv-cache-dtype fp8_e4m3 --ref-kv-cache-dtype fp8_e4m3 --ref " +
+                         kFixture.string());
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_NEAR(nlohmann::json::parse(same.out)["mean_kl"].get<double>(), 0.0, 1e-9);
+  expect_clear_error(eval("--kv-cache-dtype bf17"), "--kv-cache-dtype must be auto or fp8_e4m3, not 'bf17'");
+  expect_clear_error(eval("--ref-kv-cache-dtype e5m2 --ref " + kFixture.string()),
+                     "--ref-kv-cache-dtype must be auto or fp8_e4m3, not 'e5m2'");
 }
 
 // The README's main model (models/demo, tools/demo_model/) writes English: on its held-out text

@@ -209,6 +209,100 @@ TEST_F(CpuOps, PagedAttentionMatchesContiguousGqa) {
   expect_close(host(o), want, 1e-6);
 }
 
+// --kv-cache-dtype fp8_e4m3: kv_write stores e4m3(x / scale) bytes (round-to-nearest-even,
+// saturating at 448) and attention reads f32(e4m3) * scale. The reference is a double loop over
+// the dequantized values, so the check measures the cache's read and write, not FP8's error.
+TEST_F(CpuOps, PagedAttentionOverAnFp8CacheMatchesItsDequantizedValues) {
+  auto fp8_backend = make_cpu_backend(3, DType::F8_E4M3);
+  ASSERT_EQ(fp8_backend->kv_dtype(), DType::F8_E4M3);
+  const int64_t heads = 4, kv_heads = 2, d = 8, block = 4, n_blocks = 8;
+  const std::vector<int64_t> lens = {7, 2};
+  const std::vector<std::vector<int32_t>> tables = {{3, 6}, {1}};
+  std::vector<int32_t> positions, slots, starts = {0}, table_rows;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    for (int64_t p = 0; p < lens[s]; ++p) {
+      positions.push_back(int32_t(p));
+      slots.push_back(tables[s][size_t(p / block)] * int32_t(block) + int32_t(p % block));
+    }
+    starts.push_back(int32_t(positions.size()));
+    for (int b = 0; b < 2; ++b) table_rows.push_back(b < int(tables[s].size()) ? tables[s][size_t(b)] : 0);
+  }
+  const int64_t t = int64_t(positions.size());
+  AttentionBatch batch{.n_tokens = int(t), .n_seqs = 2, .block_size = int(block), .max_blocks_per_seq = 2};
+  batch.positions = i32(positions, {t});
+  batch.slot_mapping = i32(slots, {t});
+  batch.seq_starts = i32(starts, {3});
+  batch.block_tables = i32(table_rows, {2, 2});
+  // Keys of scale 0.25 and values of scale 3: some |k / k_scale| pass 448 and saturate.
+  const float k_scale = 0.25f, v_scale = 3.0f;
+  auto q = randn(t * heads * d, 0.05f), k = randn(t * kv_heads * d, 40.0f), v = randn(t * kv_heads * d, 2.0f);
+  k[0] = 500.0f;   // 2000 / 448: saturates to +448 * k_scale
+  k[1] = -130.0f;  // -520: saturates to -448 * k_scale
+  v[0] = 3.0f * 1.0625f;  // a tie between 1 and 1.125: rounds to even, 1.0
+  v[1] = 3.0f * 1.1875f;  // a tie between 1.125 and 1.25: rounds to even, 1.25
+  const Shape cache_shape{n_blocks, block, kv_heads, d};
+  std::vector<uint8_t> zeros(static_cast<size_t>(n_blocks * block * kv_heads * d), 0);
+  KvCacheLayer cache{raw(zeros, DType::F8_E4M3, cache_shape), raw(zeros, DType::F8_E4M3, cache_shape), {},
+                     k_scale, v_scale};
+  auto& ctx = fp8_backend->context();
+  fp8_backend->kv_write(ctx, f32(k, {t, kv_heads, d}), f32(v, {t, kv_heads, d}), batch, cache);
+
+  // The bytes: exactly e4m3(x / scale) at each token's slot.
+  std::vector<float> kd(k.size()), vd(v.size());  // what the cache holds, dequantized
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t e = 0; e < kv_heads * d; ++e) {
+      const size_t x = size_t(i * kv_heads * d + e), at = size_t(slots[size_t(i)] * kv_heads * d + e);
+      const uint8_t kb = cache.k.as<const uint8_t>()[at], vb = cache.v.as<const uint8_t>()[at];
+      ASSERT_EQ(kb, f32_to_e4m3(k[x] / k_scale)) << x;
+      ASSERT_EQ(vb, f32_to_e4m3(v[x] / v_scale)) << x;
+      kd[x] = e4m3_to_f32(kb) * k_scale;
+      vd[x] = e4m3_to_f32(vb) * v_scale;
+    }
+  EXPECT_EQ(kd[0], 448.0f * k_scale);
+  EXPECT_EQ(kd[1], -448.0f * k_scale);
+  EXPECT_EQ(vd[0], 1.0f * v_scale);
+  EXPECT_EQ(vd[1], 1.25f * v_scale);
+
+  auto o = out({t, heads, d});
+  const float scale = 0.3f;
+  fp8_backend->attention(ctx, f32(q, {t, heads, d}), cache, batch, scale, o);
+  std::vector<double> want(static_cast<size_t>(t * heads * d));
+  for (size_t s = 0; s < lens.size(); ++s)
+    for (int64_t i = starts[s]; i < starts[s + 1]; ++i)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t kvh = h / (heads / kv_heads);
+        std::vector<double> sc;
+        for (int64_t j = starts[s]; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < d; ++e)
+            dot += double(q[size_t((i * heads + h) * d + e)]) * kd[size_t((j * kv_heads + kvh) * d + e)];
+          sc.push_back(dot * scale);
+        }
+        const double m = *std::max_element(sc.begin(), sc.end());
+        double z = 0;
+        for (auto& x : sc) z += (x = std::exp(x - m));
+        for (int64_t e = 0; e < d; ++e) {
+          double acc = 0;
+          for (size_t j = 0; j < sc.size(); ++j)
+            acc += sc[j] / z * vd[size_t(((starts[s] + int64_t(j)) * kv_heads + kvh) * d + e)];
+          want[size_t((i * heads + h) * d + e)] = acc;
+        }
+      }
+  // F32 accumulation over 8-wide dots of dequantized values: the same 1e-6 as the F32 cache.
+  expect_close(host(o), want, 1e-6);
+}
+
+TEST_F(CpuOps, KvCacheDtypeFlagValues) {
+  EXPECT_FALSE(parse_kv_cache_dtype("auto").has_value());
+  EXPECT_EQ(parse_kv_cache_dtype("fp8_e4m3"), DType::F8_E4M3);
+  try {
+    parse_kv_cache_dtype("fp4");
+    FAIL() << "fp4 was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv-cache-dtype must be auto or fp8_e4m3"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(CpuOps, SoftmaxRoutingWithAndWithoutRenorm) {
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.5f};
   for (bool norm : {false, true}) {

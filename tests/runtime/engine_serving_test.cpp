@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "engine_test_util.h"
+#include "runtime/kv_cache.h"
 
 namespace tetra {
 namespace {
@@ -71,6 +72,34 @@ TEST(EngineStart, ContextLongerThanTheKvCache) {
   c.max_context = 0;
   Engine engine(*m.model, *m.backend, c);
   EXPECT_EQ(engine.config().max_context, 32);
+}
+
+// --kv-cache-dtype fp8_e4m3: a byte a value, so the same --kv-memory holds 4x the F32
+// cache's blocks (the CPU's auto) and 2x a BF16 one's.
+TEST(EngineStart, Fp8KvCacheHoldsMoreBlocksInTheSameMemory) {
+  const std::vector<model::KvLayerShape> layout = {{.n_kv_heads = 2, .k_dim = 16, .v_dim = 16}};
+  EXPECT_EQ(runtime::kv_bytes_per_block(layout, 16, DType::F8_E4M3) * 2,
+            runtime::kv_bytes_per_block(layout, 16, DType::BF16));
+  testing::TinyModel m32;
+  auto fp8 = ops::make_cpu_backend(2, DType::F8_E4M3);
+  auto m8 = model::load_model(testing::tiny_model_dir(), *fp8);
+  EngineConfig c;
+  c.kv_memory_bytes = int64_t(4) << 20;
+  Engine e32(*m32.model, *m32.backend, c), e8(*m8, *fp8, c);
+  const int64_t per_block8 = runtime::kv_bytes_per_block(m8->kv_layout(), c.block_size, DType::F8_E4M3);
+  EXPECT_EQ(per_block8 * 4, runtime::kv_bytes_per_block(m8->kv_layout(), c.block_size, DType::F32));
+  EXPECT_EQ(e8.stats().kv_blocks_total, c.kv_memory_bytes / per_block8);
+  EXPECT_GE(e8.stats().kv_blocks_total, 4 * e32.stats().kv_blocks_total);
+  // Serving works from the FP8 cache: a request runs to its length.
+  testing::Collector out;
+  RequestParams p;
+  p.prompt = {1, 2, 3, 4, 5};
+  p.max_new_tokens = 6;
+  p.ignore_eos = true;
+  testing::submit_ok(e8, p, out);
+  testing::drain(e8);
+  ASSERT_EQ(out.by_id.size(), 1u);
+  EXPECT_EQ(out.by_id.begin()->second.tokens.size(), 6u);
 }
 
 TEST(EngineSubmit, RefusesRequestsThatCanNeverFit) {

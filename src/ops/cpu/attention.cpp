@@ -1,5 +1,6 @@
 // Rotary embeddings, the paged KV cache and causal attention on the CPU.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -47,7 +48,29 @@ std::vector<int32_t> sequence_of_tokens(const AttentionBatch& b) {
   return seq_of;
 }
 
-void cache_write(TensorView rows, const AttentionBatch& batch, TensorView cache) {
+namespace {
+// f32 of every E4M3 byte, so reading a cache row is a table lookup.
+const float* e4m3_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[size_t(i)] = e4m3_to_f32(uint8_t(i));
+    return t;
+  }();
+  return table.data();
+}
+}  // namespace
+
+const float* cache_row(TensorView cache, int64_t row, int64_t width, float scale, float* buf) {
+  if (cache.dtype == DType::F32) return cache.as<const float>() + row * width;
+  TETRA_CHECK(cache.dtype == DType::F8_E4M3, "the CPU backend reads a KV cache of F32 or F8_E4M3, not ",
+              dtype_name(cache.dtype));
+  const float* table = e4m3_table();
+  const uint8_t* src = cache.as<const uint8_t>() + row * width;
+  for (int64_t d = 0; d < width; ++d) buf[d] = table[src[d]] * scale;
+  return buf;
+}
+
+void cache_write(TensorView rows, const AttentionBatch& batch, TensorView cache, float scale) {
   const int64_t n_slots = cache.dim(0) * cache.dim(1);
   const int64_t width = rows.numel() / std::max<int64_t>(1, rows.dim(0));
   TETRA_CHECK(width * n_slots == cache.numel(), "cache_write: rows of ", width,
@@ -57,13 +80,22 @@ void cache_write(TensorView rows, const AttentionBatch& batch, TensorView cache)
     if (slot == -1) continue;  // a padding token
     TETRA_CHECK(slot >= 0 && slot < n_slots, "cache_write: slot ", slot, " is outside the cache of ",
                 n_slots);
-    std::copy_n(rows.as<const float>() + t * width, width, cache.as<float>() + slot * width);
+    const float* src = rows.as<const float>() + t * width;
+    if (cache.dtype == DType::F32) {
+      std::copy_n(src, width, cache.as<float>() + slot * width);
+    } else {
+      TETRA_CHECK(cache.dtype == DType::F8_E4M3, "cache_write: the CPU backend writes a KV cache of F32 or ",
+                  "F8_E4M3, not ", dtype_name(cache.dtype));
+      // Divide, not multiply by 1/scale, so the stored byte is e4m3(x / scale) exactly.
+      uint8_t* dst = cache.as<uint8_t>() + slot * width;
+      for (int64_t d = 0; d < width; ++d) dst[d] = f32_to_e4m3(src[d] / scale);
+    }
   }
 }
 
 void kv_write(TensorView k, TensorView v, const AttentionBatch& batch, const KvCacheLayer& cache) {
-  cache_write(k, batch, cache.k);
-  cache_write(v, batch, cache.v);
+  cache_write(k, batch, cache.k, cache.k_scale);
+  cache_write(v, batch, cache.v, cache.v_scale);
 }
 
 void attention(ThreadPool* pool, TensorView q, const KvCacheLayer& cache, const AttentionBatch& batch,
@@ -78,6 +110,7 @@ void attention(ThreadPool* pool, TensorView q, const KvCacheLayer& cache, const 
   pool->parallel_for(n_tokens * n_heads, 4, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores;
     std::vector<float> acc(static_cast<size_t>(d_v));
+    std::vector<float> row_buf(static_cast<size_t>(std::max(d_k, d_v)));  // a decoded FP8 row
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / n_heads, h = i % n_heads, kvh = h / group;
       const int64_t n_keys = int64_t(batch.positions.as<const int32_t>()[t]) + 1;
@@ -86,7 +119,7 @@ void attention(ThreadPool* pool, TensorView q, const KvCacheLayer& cache, const 
       float max_score = -INFINITY;
       for (int64_t j = 0; j < n_keys; ++j) {
         const int64_t slot = cache_slot(batch, seq_of[size_t(t)], j);
-        const float* kv = cache.k.as<const float>() + (slot * n_kv_heads + kvh) * d_k;
+        const float* kv = cache_row(cache.k, slot * n_kv_heads + kvh, d_k, cache.k_scale, row_buf.data());
         float s = 0;
         for (int64_t d = 0; d < d_k; ++d) s += qv[d] * kv[d];
         scores[size_t(j)] = s * scale;
@@ -97,7 +130,7 @@ void attention(ThreadPool* pool, TensorView q, const KvCacheLayer& cache, const 
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = 0; j < n_keys; ++j) {
         const int64_t slot = cache_slot(batch, seq_of[size_t(t)], j);
-        const float* vv = cache.v.as<const float>() + (slot * n_kv_heads + kvh) * d_v;
+        const float* vv = cache_row(cache.v, slot * n_kv_heads + kvh, d_v, cache.v_scale, row_buf.data());
         const float p = scores[size_t(j)] / denom;
         for (int64_t d = 0; d < d_v; ++d) acc[size_t(d)] += p * vv[d];
       }

@@ -35,7 +35,9 @@ void check_f32(const TensorView& t, const char* what) {
 
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {
+  CpuBackend(int n_threads, DType kv_dtype) : pool_(n_threads), kv_dtype_(kv_dtype) {
+    TETRA_CHECK(kv_dtype == DType::F32 || kv_dtype == DType::F8_E4M3,
+                "the CPU backend keeps its KV cache in F32 or F8_E4M3, not ", dtype_name(kv_dtype));
     props_.name = "cpu";
     ctx_.pool = &pool_;
     ctx_.props = &props_;
@@ -45,7 +47,7 @@ class CpuBackend : public Backend {
   std::string name() const override { return "cpu (" + std::to_string(pool_.size()) + " threads)"; }
   Context& context() override { return ctx_; }
   DType activation_dtype() const override { return DType::F32; }
-  DType kv_dtype() const override { return DType::F32; }
+  DType kv_dtype() const override { return kv_dtype_; }
 
   std::unique_ptr<Buffer> alloc(DType dtype, Shape shape) override {
     return std::make_unique<HostBuffer>(dtype, shape);
@@ -224,6 +226,7 @@ class CpuBackend : public Backend {
 
  private:
   ThreadPool pool_;
+  DType kv_dtype_;  // F32, or F8_E4M3 (--kv-cache-dtype fp8_e4m3)
   DeviceProps props_;
   Context ctx_;
 };
@@ -275,7 +278,7 @@ float load_f32(const TensorView& t, int64_t i) {
 }  // namespace tetra::ops::cpu
 
 namespace tetra::ops {
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
-  return std::make_unique<cpu::CpuBackend>(n_threads);
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, DType kv_dtype) {
+  return std::make_unique<cpu::CpuBackend>(n_threads, kv_dtype);
 }
 }  // namespace tetra::ops

@@ -27,12 +27,17 @@ inline int64_t cache_slot(const AttentionBatch& b, int64_t seq, int64_t pos) {
 // The sequence each token of the batch belongs to.
 std::vector<int32_t> sequence_of_tokens(const AttentionBatch& b);
 
+// Row `row` (of `width` values) of a KV cache tensor as F32: a pointer into an F32 cache, or
+// an F8_E4M3 one (stored as e4m3(x / scale)) decoded as f32(e4m3) * scale into buf[width].
+const float* cache_row(TensorView cache, int64_t row, int64_t width, float scale, float* buf);
+
 void rope(ThreadPool* pool, TensorView x, TensorView positions, const RopeSpec& rope);
 void kv_write(TensorView k, TensorView v, const AttentionBatch& batch, const KvCacheLayer& cache);
 void attention(ThreadPool* pool, TensorView q, const KvCacheLayer& cache, const AttentionBatch& batch,
                float scale, TensorView out);
 
-void cache_write(TensorView rows, const AttentionBatch& batch, TensorView cache);
+// Rows [T, width] to their slots of a cache tensor; an F8_E4M3 one stores e4m3(x / scale).
+void cache_write(TensorView rows, const AttentionBatch& batch, TensorView cache, float scale = 1.0f);
 void mla_attention(ThreadPool* pool, TensorView q_latent, TensorView q_rope, const KvCacheLayer& cache,
                    const AttentionBatch& batch, float scale, TensorView selected, TensorView out);
 void dsa_select(TensorView q, TensorView weights, const KvCacheLayer& cache, const AttentionBatch& batch,

@@ -19,6 +19,7 @@ void mla_attention(ThreadPool* pool, TensorView q_latent, TensorView q_rope, con
     std::vector<float> scores;
     std::vector<int64_t> keys;
     std::vector<double> acc(static_cast<size_t>(rank));
+    std::vector<float> row_buf(static_cast<size_t>(width));  // a decoded FP8 row (scale 1)
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / n_heads, h = i % n_heads;
       const int64_t pos = batch.positions.as<const int32_t>()[t];
@@ -36,7 +37,7 @@ void mla_attention(ThreadPool* pool, TensorView q_latent, TensorView q_rope, con
       scores.resize(keys.size());
       float max_score = -INFINITY;
       for (size_t j = 0; j < keys.size(); ++j) {
-        const float* row = cache.k.as<const float>() + cache_slot(batch, seq_of[size_t(t)], keys[j]) * width;
+        const float* row = cache_row(cache.k, cache_slot(batch, seq_of[size_t(t)], keys[j]), width, 1.0f, row_buf.data());
         float s = 0;
         for (int64_t d = 0; d < rank; ++d) s += ql[d] * row[d];
         for (int64_t d = 0; d < d_rope; ++d) s += qr[d] * row[rank + d];
@@ -47,7 +48,7 @@ void mla_attention(ThreadPool* pool, TensorView q_latent, TensorView q_rope, con
       for (auto& s : scores) denom += (s = std::exp(s - max_score));
       std::fill(acc.begin(), acc.end(), 0.0);
       for (size_t j = 0; j < keys.size(); ++j) {
-        const float* row = cache.k.as<const float>() + cache_slot(batch, seq_of[size_t(t)], keys[j]) * width;
+        const float* row = cache_row(cache.k, cache_slot(batch, seq_of[size_t(t)], keys[j]), width, 1.0f, row_buf.data());
         const double p = scores[j] / denom;
         for (int64_t d = 0; d < rank; ++d) acc[size_t(d)] += p * row[d];
       }
@@ -66,11 +67,12 @@ void dsa_select(TensorView q, TensorView weights, const KvCacheLayer& cache, con
   const auto seq_of = sequence_of_tokens(batch);
   std::vector<float> score;
   std::vector<int32_t> order;
+  std::vector<float> row_buf(static_cast<size_t>(dim));  // a decoded FP8 key (scale 1)
   for (int64_t t = 0; t < n_tokens; ++t) {
     const int64_t n_keys = int64_t(batch.positions.as<const int32_t>()[t]) + 1;
     score.assign(static_cast<size_t>(n_keys), 0.0f);
     for (int64_t j = 0; j < n_keys; ++j) {
-      const float* k = cache.index_k.as<const float>() + cache_slot(batch, seq_of[size_t(t)], j) * dim;
+      const float* k = cache_row(cache.index_k, cache_slot(batch, seq_of[size_t(t)], j), dim, 1.0f, row_buf.data());
       float s = 0;
       for (int64_t h = 0; h < n_heads; ++h) {
         const float* qh = q.as<const float>() + (t * n_heads + h) * dim;

@@ -29,6 +29,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "ops/cuda/attention_gqa.h"
+#include "ops/ops.h"
 #include "cuda_test_util.h"
 
 namespace tetra::ops::cuda {
@@ -537,6 +538,18 @@ TEST(AttentionCudaTiming, Decode1Seq32768) {
 TEST(AttentionCudaTiming, Prefill4096) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   time_case(AttnCase{"prefill_1x4096", 32, 4, 128, 128, 16, {{4096, 4096}}}, true);
+}
+
+// --kv-cache-dtype fp8_e4m3: the CUDA kernels read and write BF16 rows, so the backend refuses
+// an FP8 cache at start rather than misread one.
+TEST(AttentionCudaKvDtype, Fp8CacheIsRefusedAtStart) {
+  try {
+    make_backend({.device = "cuda", .kv_cache_dtype = DType::F8_E4M3});
+    FAIL() << "the CUDA backend took an FP8 KV cache";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the CUDA kernels do not read an FP8 KV cache yet"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
