@@ -12,6 +12,14 @@
 namespace tetra::ops {
 namespace {
 
+// A batch of sequences of `lens` tokens from position 0, their blocks of 4 tokens scattered
+// over the cache as `tables` say (at most 2 blocks a sequence).
+struct PagedBatch {
+  AttentionBatch batch;
+  std::vector<int32_t> slots, starts;
+  int64_t n_tokens = 0, block = 4;
+};
+
 struct Fixture : ::testing::Test {
   std::unique_ptr<Backend> backend = make_cpu_backend(3);
   std::mt19937 rng{1234};
@@ -43,6 +51,7 @@ struct Fixture : ::testing::Test {
     backend->copy_from_host(keep.back()->view(), host.data());
     return keep.back()->view();
   }
+  PagedBatch paged_batch(const std::vector<int64_t>& lens, const std::vector<std::vector<int32_t>>& tables);
   std::vector<float> host(TensorView t) {
     std::vector<float> v(static_cast<size_t>(t.numel()));
     backend->copy_to_host(v.data(), t);
@@ -62,6 +71,29 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
 }
 
 using CpuOps = Fixture;
+
+PagedBatch Fixture::paged_batch(const std::vector<int64_t>& lens, const std::vector<std::vector<int32_t>>& tables) {
+  PagedBatch pb;
+  const int32_t block = int32_t(pb.block);
+  std::vector<int32_t> positions, table_rows;
+  pb.starts = {0};
+  for (size_t s = 0; s < lens.size(); ++s) {
+    for (int64_t p = 0; p < lens[s]; ++p) {
+      positions.push_back(int32_t(p));
+      pb.slots.push_back(tables[s][size_t(p / block)] * block + int32_t(p % block));
+    }
+    pb.starts.push_back(int32_t(positions.size()));
+    for (int b = 0; b < 2; ++b) table_rows.push_back(b < int(tables[s].size()) ? tables[s][size_t(b)] : 0);
+  }
+  pb.n_tokens = int64_t(positions.size());
+  const int n_seqs = int(lens.size());
+  pb.batch = AttentionBatch{.n_tokens = int(pb.n_tokens), .n_seqs = n_seqs, .block_size = block, .max_blocks_per_seq = 2};
+  pb.batch.positions = i32(positions, {pb.n_tokens});
+  pb.batch.slot_mapping = i32(pb.slots, {pb.n_tokens});
+  pb.batch.seq_starts = i32(pb.starts, {n_seqs + 1});
+  pb.batch.block_tables = i32(table_rows, {n_seqs, 2});
+  return pb;
+}
 
 TEST_F(CpuOps, LinearBf16WithBiasOffTileSizes) {
   const int64_t t = 5, n_in = 37, n_out = 11;
@@ -157,35 +189,13 @@ TEST_F(CpuOps, RopeHalfSplitAndInterleaved) {
   }
 }
 
-// Two sequences of different lengths in one batch, their blocks scattered over the cache.
-TEST_F(CpuOps, PagedAttentionMatchesContiguousGqa) {
-  const int64_t heads = 4, kv_heads = 2, d = 8, block = 4, n_blocks = 8;
-  const std::vector<int64_t> lens = {6, 3};
-  const std::vector<std::vector<int32_t>> tables = {{5, 2}, {7}};
-  std::vector<int32_t> positions, slots, starts = {0}, table_rows;
-  for (size_t s = 0; s < lens.size(); ++s) {
-    for (int64_t p = 0; p < lens[s]; ++p) {
-      positions.push_back(int32_t(p));
-      slots.push_back(tables[s][size_t(p / block)] * int32_t(block) + int32_t(p % block));
-    }
-    starts.push_back(int32_t(positions.size()));
-    for (int b = 0; b < 2; ++b) table_rows.push_back(b < int(tables[s].size()) ? tables[s][size_t(b)] : 0);
-  }
-  const int64_t t = int64_t(positions.size());
-  AttentionBatch batch{.n_tokens = int(t), .n_seqs = 2, .block_size = int(block), .max_blocks_per_seq = 2};
-  batch.positions = i32(positions, {t});
-  batch.slot_mapping = i32(slots, {t});
-  batch.seq_starts = i32(starts, {3});
-  batch.block_tables = i32(table_rows, {2, 2});
-  auto q = randn(t * heads * d), k = randn(t * kv_heads * d), v = randn(t * kv_heads * d);
-  KvCacheLayer cache{out({n_blocks, block, kv_heads, d}), out({n_blocks, block, kv_heads, d})};
-  auto& ctx = backend->context();
-  backend->kv_write(ctx, f32(k, {t, kv_heads, d}), f32(v, {t, kv_heads, d}), batch, cache);
-  auto o = out({t, heads, d});
-  const float scale = 0.3f;
-  backend->attention(ctx, f32(q, {t, heads, d}), cache, batch, scale, o);
-  std::vector<double> want(static_cast<size_t>(t * heads * d));
-  for (size_t s = 0; s < lens.size(); ++s)
+// Causal GQA attention of each sequence [starts[s], starts[s + 1]) over its own tokens, in
+// double: q [T, heads, d], k and v [T, kv_heads, d].
+std::vector<double> causal_attention(const std::vector<float>& q, const std::vector<float>& k,
+                                     const std::vector<float>& v, const std::vector<int32_t>& starts,
+                                     int64_t heads, int64_t kv_heads, int64_t d, double scale) {
+  std::vector<double> want(static_cast<size_t>(int64_t(starts.back()) * heads * d));
+  for (size_t s = 0; s + 1 < starts.size(); ++s)
     for (int64_t i = starts[s]; i < starts[s + 1]; ++i)
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t kvh = h / (heads / kv_heads);
@@ -206,6 +216,23 @@ TEST_F(CpuOps, PagedAttentionMatchesContiguousGqa) {
           want[size_t((i * heads + h) * d + e)] = acc;
         }
       }
+  return want;
+}
+
+// Two sequences of different lengths in one batch, their blocks scattered over the cache.
+TEST_F(CpuOps, PagedAttentionMatchesContiguousGqa) {
+  const int64_t heads = 4, kv_heads = 2, d = 8, n_blocks = 8;
+  const PagedBatch pb = paged_batch({6, 3}, {{5, 2}, {7}});
+  const AttentionBatch& batch = pb.batch;
+  const int64_t t = pb.n_tokens, block = pb.block;
+  auto q = randn(t * heads * d), k = randn(t * kv_heads * d), v = randn(t * kv_heads * d);
+  KvCacheLayer cache{out({n_blocks, block, kv_heads, d}), out({n_blocks, block, kv_heads, d})};
+  auto& ctx = backend->context();
+  backend->kv_write(ctx, f32(k, {t, kv_heads, d}), f32(v, {t, kv_heads, d}), batch, cache);
+  auto o = out({t, heads, d});
+  const float scale = 0.3f;
+  backend->attention(ctx, f32(q, {t, heads, d}), cache, batch, scale, o);
+  const std::vector<double> want = causal_attention(q, k, v, pb.starts, heads, kv_heads, d, scale);
   expect_close(host(o), want, 1e-6);
 }
 
@@ -215,24 +242,11 @@ TEST_F(CpuOps, PagedAttentionMatchesContiguousGqa) {
 TEST_F(CpuOps, PagedAttentionOverAnFp8CacheMatchesItsDequantizedValues) {
   auto fp8_backend = make_cpu_backend(3, DType::F8_E4M3);
   ASSERT_EQ(fp8_backend->kv_dtype(), DType::F8_E4M3);
-  const int64_t heads = 4, kv_heads = 2, d = 8, block = 4, n_blocks = 8;
-  const std::vector<int64_t> lens = {7, 2};
-  const std::vector<std::vector<int32_t>> tables = {{3, 6}, {1}};
-  std::vector<int32_t> positions, slots, starts = {0}, table_rows;
-  for (size_t s = 0; s < lens.size(); ++s) {
-    for (int64_t p = 0; p < lens[s]; ++p) {
-      positions.push_back(int32_t(p));
-      slots.push_back(tables[s][size_t(p / block)] * int32_t(block) + int32_t(p % block));
-    }
-    starts.push_back(int32_t(positions.size()));
-    for (int b = 0; b < 2; ++b) table_rows.push_back(b < int(tables[s].size()) ? tables[s][size_t(b)] : 0);
-  }
-  const int64_t t = int64_t(positions.size());
-  AttentionBatch batch{.n_tokens = int(t), .n_seqs = 2, .block_size = int(block), .max_blocks_per_seq = 2};
-  batch.positions = i32(positions, {t});
-  batch.slot_mapping = i32(slots, {t});
-  batch.seq_starts = i32(starts, {3});
-  batch.block_tables = i32(table_rows, {2, 2});
+  const int64_t heads = 4, kv_heads = 2, d = 8, n_blocks = 8;
+  const PagedBatch pb = paged_batch({7, 2}, {{3, 6}, {1}});
+  const AttentionBatch& batch = pb.batch;
+  const int64_t t = pb.n_tokens, block = pb.block;
+  const std::vector<int32_t>& slots = pb.slots;
   // Keys of scale 0.25 and values of scale 3: some |k / k_scale| pass 448 and saturate.
   const float k_scale = 0.25f, v_scale = 3.0f;
   auto q = randn(t * heads * d, 0.05f), k = randn(t * kv_heads * d, 40.0f), v = randn(t * kv_heads * d, 2.0f);
@@ -266,28 +280,7 @@ TEST_F(CpuOps, PagedAttentionOverAnFp8CacheMatchesItsDequantizedValues) {
   auto o = out({t, heads, d});
   const float scale = 0.3f;
   fp8_backend->attention(ctx, f32(q, {t, heads, d}), cache, batch, scale, o);
-  std::vector<double> want(static_cast<size_t>(t * heads * d));
-  for (size_t s = 0; s < lens.size(); ++s)
-    for (int64_t i = starts[s]; i < starts[s + 1]; ++i)
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t kvh = h / (heads / kv_heads);
-        std::vector<double> sc;
-        for (int64_t j = starts[s]; j <= i; ++j) {
-          double dot = 0;
-          for (int64_t e = 0; e < d; ++e)
-            dot += double(q[size_t((i * heads + h) * d + e)]) * kd[size_t((j * kv_heads + kvh) * d + e)];
-          sc.push_back(dot * scale);
-        }
-        const double m = *std::max_element(sc.begin(), sc.end());
-        double z = 0;
-        for (auto& x : sc) z += (x = std::exp(x - m));
-        for (int64_t e = 0; e < d; ++e) {
-          double acc = 0;
-          for (size_t j = 0; j < sc.size(); ++j)
-            acc += sc[j] / z * vd[size_t(((starts[s] + int64_t(j)) * kv_heads + kvh) * d + e)];
-          want[size_t((i * heads + h) * d + e)] = acc;
-        }
-      }
+  const std::vector<double> want = causal_attention(q, kd, vd, pb.starts, heads, kv_heads, d, scale);
   // F32 accumulation over 8-wide dots of dequantized values: the same 1e-6 as the F32 cache.
   expect_close(host(o), want, 1e-6);
 }
