@@ -2,7 +2,6 @@
 // sequence the logits it gets alone, on every attention the families have.
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <cmath>
 #include <string>
 
@@ -55,19 +54,12 @@ TEST_P(Batching, RaggedBatchEqualsSequencesAlone) {
   }
 }
 
-std::string fixture_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string n = info.param;
-  for (char& ch : n)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return n;
-}
-
 // GQA, and the MLA families: with and without q_lora, and the DSA indexer (its top-k of 4
 // keys leaves A's first 4 positions dense and the later ones of A and B sparse).
 INSTANTIATE_TEST_SUITE_P(Fixtures, Batching,
                          ::testing::Values("qwen3_moe-tiny", "deepseek_v3-tiny", "deepseek_v3-noqlora",
                                            "glm4_moe_lite-tiny", "glm_moe_dsa-tiny"),
-                         fixture_name);
+                         testing::fixture_test_name);
 
 }  // namespace
 }  // namespace tetra

@@ -259,14 +259,6 @@ runtime::EngineConfig small_engine() {
   return c;
 }
 
-// A fixture folder's name as a test name ("qwen3_moe-small-config" -> "qwen3_moe_small_config").
-std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
-  std::string n = info.param;
-  for (char& ch : n)
-    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return n;
-}
-
 struct Cuda : ::testing::Test {
   void SetUp() override {
     if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
@@ -342,12 +334,12 @@ INSTANTIATE_TEST_SUITE_P(Gqa, CudaFixture,
                          ::testing::Values("qwen3_moe-tiny", "qwen3_moe-nonorm", "glm4_moe-tiny", "mixtral-tiny",
                                            "qwen3_moe-tiny-nvfp4", "qwen3_moe-nonorm-nvfp4", "glm4_moe-tiny-nvfp4",
                                            "mixtral-tiny-nvfp4"),
-                         fixture_test_name);
+                         testing::fixture_test_name);
 INSTANTIATE_TEST_SUITE_P(Mla, CudaFixture,
                          ::testing::Values("deepseek_v3-tiny", "deepseek_v3-noqlora", "glm4_moe_lite-tiny",
                                            "glm_moe_dsa-tiny", "deepseek_v3-tiny-nvfp4", "deepseek_v3-noqlora-nvfp4",
                                            "glm4_moe_lite-tiny-nvfp4", "glm_moe_dsa-tiny-nvfp4"),
-                         fixture_test_name);
+                         testing::fixture_test_name);
 
 std::vector<runtime::RequestParams> mixed_requests(int n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -384,7 +376,7 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaDummy,
                          ::testing::Values("qwen3_moe-small-config", "qwen3_moe-small-nvfp4-config",
                                            "glm4_moe-small-config", "mixtral-small-config",
                                            "deepseek_v3-small-config", "glm_moe_dsa-small-config"),
-                         fixture_test_name);
+                         testing::fixture_test_name);
 
 // The engine's behaviours on the GPU, each against the same requests run one at a time on
 // the GPU: batching, chunked prefill, preemption (a pool too small for everyone at once), the
@@ -441,7 +433,7 @@ TEST_P(CudaEngine, BatchingChunkingPreemptionAndPrefixCache) {
 INSTANTIATE_TEST_SUITE_P(Models, CudaEngine,
                          ::testing::Values("qwen3_moe-small-nvfp4-config", "qwen3_moe-small-dense-config",
                                            "glm_moe_dsa-small-config"),
-                         fixture_test_name);
+                         testing::fixture_test_name);
 
 // Decode graphs: a replay runs the kernels of the padded eager step with the same arguments,
 // so requests arriving and finishing (batches of 3, 5, 6, 7 padded to 4 and 8) get exactly
@@ -489,7 +481,7 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaGraphs,
                          ::testing::Values("qwen3_moe-small-nvfp4-config", "qwen3_moe-small-dense-config",
                                            "glm4_moe-small-config", "mixtral-small-config",
                                            "deepseek_v3-small-config", "glm_moe_dsa-small-config"),
-                         fixture_test_name);
+                         testing::fixture_test_name);
 
 TEST_F(Cuda, ALongPromptsLastChunksFitTheStepArena) {
   // One prompt near the end of the context, in 512-token chunks: its last chunks' prefill

@@ -2,11 +2,13 @@
 // and log-probs transformers computed for them (tools/make_fixtures.py).
 #pragma once
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 namespace tetra::testing {
@@ -31,6 +33,18 @@ inline std::vector<FixtureCase> read_cases(const std::filesystem::path& dir) {
                      c.at("token_ids").get<std::vector<int32_t>>(),
                      c.at("logprobs").get<std::vector<double>>()});
   return cases;
+}
+
+// A name gtest takes: every character but letters and digits becomes '_'.
+inline std::string gtest_name(std::string name) {
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return name;
+}
+
+// A fixture folder's name as a test name ("qwen3_moe-tiny-nvfp4" -> "qwen3_moe_tiny_nvfp4").
+inline std::string fixture_test_name(const ::testing::TestParamInfo<std::string>& info) {
+  return gtest_name(info.param);
 }
 
 }  // namespace tetra::testing

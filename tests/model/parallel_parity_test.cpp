@@ -18,12 +18,7 @@ struct Split {
   int tp, ep;
 };
 
-std::string name_of(const Split& s) {
-  std::string n = str_cat(s.fixture, "_tp", s.tp, "_ep", s.ep);
-  for (char& ch : n)
-    if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return n;
-}
+std::string name_of(const Split& s) { return testing::gtest_name(str_cat(s.fixture, "_tp", s.tp, "_ep", s.ep)); }
 
 class ParallelParity : public ::testing::TestWithParam<Split> {};
 

@@ -46,11 +46,7 @@ INSTANTIATE_TEST_SUITE_P(Families, Parity,
                                            "glm4_moe-tiny-nvfp4", "mixtral-tiny-nvfp4",
                                            "deepseek_v3-tiny-nvfp4", "deepseek_v3-noqlora-nvfp4",
                                            "glm4_moe_lite-tiny-nvfp4", "glm_moe_dsa-tiny-nvfp4"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         testing::fixture_test_name);
 
 }  // namespace
 }  // namespace tetra
