@@ -262,16 +262,24 @@ TEST(Cli, HelpShowsDefaults) {
   EXPECT_NE(option_line(eval.out, "--window").find("512"), std::string::npos) << eval.out;
 }
 
-// --disable-pdl on every command that builds an engine (serve, generate, eval, bench decode);
-// on the CPU backend it changes nothing.
-TEST(Cli, DisablePdlOnEveryEngineCommand) {
+// The commands that build an engine (serve, generate, eval, bench decode) all list `flag`.
+void expect_in_every_engine_help(const std::string& flag) {
   for (const char* cmd : {"serve", "generate", "eval", "bench decode"}) {
     const auto help = run_cli(std::string(cmd) + " --help");
     ASSERT_EQ(help.exit_code, 0) << cmd << ": " << help.err;
-    EXPECT_NE(help.out.find("--disable-pdl"), std::string::npos) << cmd << ":\n" << help.out;
+    EXPECT_NE(help.out.find(flag), std::string::npos) << cmd << ":\n" << help.out;
   }
-  const std::string args = "generate --model " + kFixture.string() +
-                           " --device cpu --prompt-ids 1,2,3 --max-new-tokens 3 --ignore-eos --json";
+}
+
+// Three greedy tokens of the fixture on the CPU, as JSON (with the run's fingerprint).
+const std::string kGenerateJson = "generate --model " + kFixture.string() +
+                                  " --device cpu --prompt-ids 1,2,3 --max-new-tokens 3 --ignore-eos --json";
+
+// --disable-pdl on every command that builds an engine (serve, generate, eval, bench decode);
+// on the CPU backend it changes nothing.
+TEST(Cli, DisablePdlOnEveryEngineCommand) {
+  expect_in_every_engine_help("--disable-pdl");
+  const std::string& args = kGenerateJson;
   const auto plain = run_cli(args), no_pdl = run_cli(args + " --disable-pdl");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   ASSERT_EQ(no_pdl.exit_code, 0) << no_pdl.err;
@@ -281,13 +289,8 @@ TEST(Cli, DisablePdlOnEveryEngineCommand) {
 // --kv-cache-dtype on every command that builds an engine: fp8_e4m3 runs on the CPU (a
 // different fingerprint, the FP8 cache's rounding), a bad value is one sentence naming the flag.
 TEST(Cli, KvCacheDtypeOnEveryEngineCommand) {
-  for (const char* cmd : {"serve", "generate", "eval", "bench decode"}) {
-    const auto help = run_cli(std::string(cmd) + " --help");
-    ASSERT_EQ(help.exit_code, 0) << cmd << ": " << help.err;
-    EXPECT_NE(help.out.find("--kv-cache-dtype"), std::string::npos) << cmd << ":\n" << help.out;
-  }
-  const std::string args = "generate --model " + kFixture.string() +
-                           " --device cpu --prompt-ids 1,2,3 --max-new-tokens 3 --ignore-eos --json";
+  expect_in_every_engine_help("--kv-cache-dtype");
+  const std::string& args = kGenerateJson;
   const auto plain = run_cli(args), fp8 = run_cli(args + " --kv-cache-dtype fp8_e4m3"),
              auto_ = run_cli(args + " --kv-cache-dtype auto");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;

@@ -43,14 +43,19 @@ double last_token_nll(model::Model& model, ops::Backend& backend, const std::vec
   return all - before;
 }
 
-class Fp8KvCache : public ::testing::TestWithParam<std::string> {};
+// The fixture loaded twice: on a CPU backend with its F32 cache, and on one with an E4M3 cache.
+class Fp8KvCache : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    m32 = model::load_model(dir, *f32);
+    m8 = model::load_model(dir, *fp8);
+  }
+  const std::filesystem::path dir = testing::fixtures_dir() / GetParam();
+  std::unique_ptr<ops::Backend> f32 = ops::make_cpu_backend(2), fp8 = ops::make_cpu_backend(2, DType::F8_E4M3);
+  std::unique_ptr<model::Model> m32, m8;
+};
 
 TEST_P(Fp8KvCache, GenerationStaysCloseToTheF32Cache) {
-  const auto dir = testing::fixtures_dir() / GetParam();
-  auto f32 = ops::make_cpu_backend(2);
-  auto fp8 = ops::make_cpu_backend(2, DType::F8_E4M3);
-  auto m32 = model::load_model(dir, *f32);
-  auto m8 = model::load_model(dir, *fp8);
   const auto cases = testing::read_cases(dir);
   ASSERT_FALSE(cases.empty());
   size_t shared = 0;
@@ -99,18 +104,13 @@ TEST_P(Fp8KvCache, GenerationStaysCloseToTheF32Cache) {
 // on the GQA and plain MLA fixtures (bound 0.15); the DSA ones, whose top-4 key choice a rounded
 // index key can change, 0.15 and 0.22 (bound 1.0). A misread cache gives KL of whole nats.
 TEST_P(Fp8KvCache, TeacherForcedKlFromTheF32Cache) {
-  const auto dir = testing::fixtures_dir() / GetParam();
-  auto f32 = ops::make_cpu_backend(2);
-  auto fp8 = ops::make_cpu_backend(2, DType::F8_E4M3);
-  auto m32 = model::load_model(dir, *f32);
-  auto m8 = model::load_model(dir, *fp8);
   const bool dsa = GetParam().starts_with("glm_moe_dsa");
   double kl_sum = 0;
   int64_t scored = 0;
+  runtime::ModelRanks ranks8(*m8, *fp8), ranks32(*m32, *f32);
   for (const auto& c : testing::read_cases(dir)) {
     std::vector<int32_t> seq = c.prompt_ids;
     seq.insert(seq.end(), c.token_ids.begin(), c.token_ids.end());
-    runtime::ModelRanks ranks8(*m8, *fp8), ranks32(*m32, *f32);
     const auto r = runtime::evaluate(ranks8, &ranks32, seq, {.window = int64_t(seq.size())});
     kl_sum += r.kl_sum;
     scored += r.n_scored;
@@ -200,11 +200,7 @@ INSTANTIATE_TEST_SUITE_P(Families, Fp8KvCache,
                                            "glm4_moe-tiny-nvfp4", "mixtral-tiny-nvfp4",
                                            "deepseek_v3-tiny-nvfp4", "glm4_moe_lite-tiny-nvfp4",
                                            "glm_moe_dsa-tiny-nvfp4"),
-                         [](const auto& info) {
-                           std::string n = info.param;
-                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+                         testing::fixture_test_name);
 
 }  // namespace
 }  // namespace tetra
