@@ -33,7 +33,10 @@ CudaMoeExperts::CudaMoeExperts(const MoeShape& s, WeightFormat f, MoeTuner* t,
   if (fast && format == WeightFormat::Nvfp4) {
     const int64_t ints = 2 + 2 * int64_t(kMoeDecodeMaxItems) + kMoeDecodeMaxTokens * (s.hidden / 32);
     auto* ctl = static_cast<int*>(device_alloc(ints * int64_t(sizeof(int)), "the fused decode kernel's counters"));
+    // cudaMemset runs on the legacy stream, unordered with the backend's non-blocking one:
+    // wait for it here, once, so no launch can see the counters before they are zero.
     TETRA_CUDA_CHECK(cudaMemset(ctl, 0, size_t(ints) * sizeof(int)));
+    TETRA_CUDA_CHECK(cudaStreamSynchronize(nullptr));
     decode_ctl = MoeDecodeControl{ctl, ctl + 1, ctl + 2, ctl + 2 + kMoeDecodeMaxItems, ctl + 2 + 2 * kMoeDecodeMaxItems};
   }
 }
