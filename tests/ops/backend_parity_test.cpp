@@ -188,7 +188,7 @@ TEST_F(BackendParity, Embedding) {
 
 TEST_F(BackendParity, RmsNormAndLayerNorm) {
   struct Case { int64_t rows, d; };
-  for (const Case c : {Case{1, 64}, Case{37, 72}, Case{300, 2048}, Case{5, 6144}, Case{68, 128}}) {
+  for (const Case c : {Case{1, 64}, Case{37, 72}, Case{300, 2048}, Case{7, 3000}, Case{5, 6144}, Case{68, 128}}) {
     const auto x = randn(c.rows * c.d, 3.0f), w = randn(c.d, 0.3f), bias = randn(c.d, 0.1f);
     for (bool layer : {false, true}) {
       std::vector<float> got, want;
@@ -209,7 +209,7 @@ TEST_F(BackendParity, AddRmsNorm) {
   // The fused residual step leaves h exactly as add does, and out within one rounding of
   // rms_norm's, on both backends.
   struct Case { int64_t rows, d; };
-  for (const Case c : {Case{1, 64}, Case{37, 72}, Case{5, 2048}, Case{3, 6144}}) {
+  for (const Case c : {Case{1, 64}, Case{37, 72}, Case{5, 2048}, Case{7, 3000}, Case{3, 6144}}) {
     const auto h = randn(c.rows * c.d, 3.0f), y = randn(c.rows * c.d, 1.0f), w = randn(c.d, 0.3f);
     std::vector<float> got_h, want_h, got, want;
     for (Side* s : {cpu.get(), gpu.get()}) {

@@ -66,14 +66,24 @@ __global__ void norm_kernel(void* x, DType xdt, const void* delta, DType ddt, co
 }
 
 // Wide rows (hidden states, d >= 512): one block of kRowThreads per row, each thread holding
-// its kPer values in registers, so a row costs one round of loads however few rows there are
+// its kPer values and their weights in registers (at most 8: wider rows take more threads),
+// so a row costs one round of loads however few rows there are
 // (one warp walking a 2,048-wide row alone waits on 64 dependent rounds: about 50 us at T = 1).
-constexpr int kRowThreads = 256;
+constexpr int kMaxRowThreads = 1024;
 
-template <bool kLayerNorm, int kPer>
+template <bool kLayerNorm, int kPer, int kRowThreads>
 __global__ void __launch_bounds__(kRowThreads) norm_row_kernel(void* x, DType xdt, const void* delta, DType ddt,
                                                                const void* w, DType wdt, const void* b, DType bdt,
                                                                float eps, void* out, DType odt, int64_t d) {
+  // The weight (and bias) is the model's, which nothing in a step writes: it is loaded before
+  // pdl_wait, while the kernel before this one finishes (launch.cuh), not after the reduction.
+  float wv[kPer], bv[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    wv[j] = i < d ? load_float(w, i, wdt) : 0.0f;
+    bv[j] = kLayerNorm && b && i < d ? load_float(b, i, bdt) : 0.0f;
+  }
   pdl_wait();
   pdl_launch_dependents();
   __shared__ float partial[kRowThreads / 32];
@@ -120,17 +130,17 @@ __global__ void __launch_bounds__(kRowThreads) norm_row_kernel(void* x, DType xd
   for (int j = 0; j < kPer; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
     if (i >= d) continue;
-    float y = kLayerNorm ? (v[j] - mean) * inv * load_float(w, i, wdt) : load_float(w, i, wdt) * (v[j] * inv);
-    if (kLayerNorm && b) y += load_float(b, i, bdt);
+    float y = kLayerNorm ? (v[j] - mean) * inv * wv[j] : wv[j] * (v[j] * inv);
+    if (kLayerNorm && b) y += bv[j];
     store_float(out, base + i, odt, y);
   }
 }
 
-template <bool kLayerNorm, int kPer>
+template <bool kLayerNorm, int kPer, int kRowThreads>
 void launch_rows(const KernelLaunch& launch, TensorView x, TensorView delta, TensorView w, TensorView b, float eps,
                  TensorView out, int64_t rows, int64_t d) {
-  launch_kernel(launch, norm_row_kernel<kLayerNorm, kPer>, unsigned(rows), kRowThreads, 0, x.data, x.dtype, delta.data,
-                delta.dtype, w.data, w.dtype, b.data, b.dtype, eps, out.data, out.dtype, d);
+  launch_kernel(launch, norm_row_kernel<kLayerNorm, kPer, kRowThreads>, unsigned(rows), kRowThreads, 0, x.data,
+                x.dtype, delta.data, delta.dtype, w.data, w.dtype, b.data, b.dtype, eps, out.data, out.dtype, d);
 }
 
 bool is_float(DType d) { return d == DType::BF16 || d == DType::F16 || d == DType::F32; }
@@ -149,11 +159,11 @@ void launch_norm(const KernelLaunch& launch, TensorView x, TensorView delta, Ten
   const int64_t rows = x.numel() / d;
   if (rows == 0) return;
   TETRA_CHECK(rows <= INT32_MAX, "norm: ", rows, " rows is too many for one launch");
-  if (d >= 512 && d <= 32 * kRowThreads) {
-    if (d <= 4 * kRowThreads) launch_rows<kLayerNorm, 4>(launch, x, delta, w, b, eps, out, rows, d);
-    else if (d <= 8 * kRowThreads) launch_rows<kLayerNorm, 8>(launch, x, delta, w, b, eps, out, rows, d);
-    else if (d <= 16 * kRowThreads) launch_rows<kLayerNorm, 16>(launch, x, delta, w, b, eps, out, rows, d);
-    else launch_rows<kLayerNorm, 32>(launch, x, delta, w, b, eps, out, rows, d);
+  if (d >= 512 && d <= 8 * kMaxRowThreads) {
+    if (d <= 4 * 256) launch_rows<kLayerNorm, 4, 256>(launch, x, delta, w, b, eps, out, rows, d);
+    else if (d <= 8 * 256) launch_rows<kLayerNorm, 8, 256>(launch, x, delta, w, b, eps, out, rows, d);
+    else if (d <= 8 * 512) launch_rows<kLayerNorm, 8, 512>(launch, x, delta, w, b, eps, out, rows, d);
+    else launch_rows<kLayerNorm, 8, 1024>(launch, x, delta, w, b, eps, out, rows, d);
   } else if (d <= 2048) {
     constexpr int kWarps = 8;
     launch_kernel(launch, norm_kernel<kLayerNorm>, int((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, x.data, x.dtype,
