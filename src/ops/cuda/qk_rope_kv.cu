@@ -36,19 +36,30 @@ __device__ __forceinline__ float warp_sum(float v) {
 // __syncwarp, so every value is rounded to the activation dtype exactly where the separate
 // ops round it.
 __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs a) {
-  pdl_wait();
-  pdl_launch_dependents();
   const int lane = int(threadIdx.x) % 32;
   const int64_t w = int64_t(blockIdx.x) * kWarps + int(threadIdx.x) / 32;
   const int heads = a.n_heads + a.n_kv_heads;
-  if (w >= a.n_tokens * heads) return;
-  const int64_t t = w / heads;
+  const bool active = w < a.n_tokens * heads;
   const int hh = int(w % heads);
   const bool is_q = hh < a.n_heads;
+  const void* norm = is_q ? a.q_norm : a.k_norm;
+  // The norm weight and rope's frequencies are fixed at load: read before pdl_wait, so their
+  // cold misses overlap the kernel before (launch.cuh). Heads up to kEarly * 32 wide.
+  constexpr int kEarly = 8;
+  float norm_w[kEarly], freq[kEarly];
+#pragma unroll
+  for (int j = 0; j < kEarly; ++j) {
+    const int i = lane + 32 * j;
+    norm_w[j] = active && norm && i < a.d ? load_float(norm, i, a.wdt) : 0.0f;
+    freq[j] = active && i < a.half ? a.inv_freq[i] : 0.0f;
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  if (!active) return;
+  const int64_t t = w / heads;
   const int kv_head = hh - a.n_heads;
   void* x = is_q ? a.q : a.k;
   const int64_t base = (is_q ? t * a.n_heads + hh : t * a.n_kv_heads + kv_head) * a.d;
-  const void* norm = is_q ? a.q_norm : a.k_norm;
   if (norm) {
     float sq = 0.0f;
     for (int i = lane; i < a.d; i += 32) {
@@ -56,7 +67,12 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs 
       sq += v * v;
     }
     const float inv = rsqrtf(warp_sum(sq) / float(a.d) + a.eps);
-    for (int i = lane; i < a.d; i += 32) {
+#pragma unroll
+    for (int j = 0; j < kEarly; ++j) {
+      const int i = lane + 32 * j;
+      if (i < a.d) store_float(x, base + i, a.dt, norm_w[j] * (load_float(x, base + i, a.dt) * inv));
+    }
+    for (int i = lane + 32 * kEarly; i < a.d; i += 32) {
       const float v = load_float(x, base + i, a.dt);
       store_float(x, base + i, a.dt, load_float(norm, i, a.wdt) * (v * inv));
     }
@@ -64,7 +80,10 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs 
   }
   const float pos = float(a.positions[t]);
   for (int p = lane; p < a.half; p += 32) {
-    const float angle = pos * a.inv_freq[p];
+    float f = 0.0f;  // freq[p / 32], picked without indexing registers at run time
+#pragma unroll
+    for (int j = 0; j < kEarly; ++j) f = p / 32 == j ? freq[j] : f;
+    const float angle = pos * (p < 32 * kEarly ? f : a.inv_freq[p]);
     const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
     const int64_t ia = base + (a.interleaved ? 2 * p : p), ib = base + (a.interleaved ? 2 * p + 1 : p + a.half);
     const float x1 = load_float(x, ia, a.dt), x2 = load_float(x, ib, a.dt);
