@@ -8,17 +8,17 @@
 // launched here:
 //   - pdl_wait() before its first global memory access, read or write (but see the weights
 //     below), in every block and on every path (an early return included): the kernel before
-//     it may still be running, and a block that left without waiting could let the grid complete before its predecessor,
-//     breaking the chain the kernel after it relies on;
+//     it may still be running, and a block that left without waiting could let the grid
+//     complete before its predecessor, breaking the chain the kernel after it relies on;
 //   - pdl_launch_dependents() right after it: the next kernel then launches while this one
 //     does its work. Calling it after the wait, not before, keeps at most one grid waiting
 //     early on the GPU instead of a cascade of them holding SM slots.
 // One exception: the model's weights (and other tensors fixed at load, like rope's inverse
-// frequencies), which no kernel of a step writes, may be read before pdl_wait. A weight read
-// late costs a cold miss (DRAM and a TLB walk, about 3 us measured on the H200) on the step's
-// critical path; read before the wait, it overlaps the kernel before. Activations, positions,
-// slots, ids and the cache never. (Every model's load ends in a synchronize, so the weights
-// are complete before the first step.)
+// frequencies), which no kernel of a step writes, may be read before pdl_wait. Every model's
+// load ends in a synchronize, so they are complete before the first step. A weight read after
+// the wait is a cold miss on the step's critical path: about 3 us for a norm's weight on the
+// H200 (docs/PERF.md); read before it, the miss overlaps the kernel before. Activations,
+// positions, slots, ids and the cache are read only after the wait.
 // Without the launch attribute (pdl false, or a kernel launched by <<<>>> or cuBLASLt) both
 // are no-ops and ordinary stream order holds; kernels that never wait (the MoE files' today)
 // must never be launched with it.
