@@ -293,6 +293,9 @@ class Backend {
   }
 
   // ---- ops ----
+  // Norm weights and biases, and rope's inverse frequencies, are the model's: fixed since load.
+  // A CUDA kernel reads them while the kernel before it may still be running (launch.cuh), so
+  // they must not be the output of the op just before.
   // out[t] = table[ids[t]]; table [V, H] in its stored dtype, ids I32 [T].
   virtual void embedding(const Context& ctx, TensorView table, TensorView ids, TensorView out) = 0;
   // Over the last dimension of x [R, D]: out = weight * x / sqrt(mean(x^2) + eps).
