@@ -19,6 +19,7 @@
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/sm90_nvfp4_decode.cuh"
+#include "ops/cuda/wgmma.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -48,91 +49,6 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
-
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {  // kPending groups may stay in flight
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
-}
-
-// Keeps the compiler from moving accesses to registers that an async wgmma owns.
-template <int kN>
-__device__ __forceinline__ void fence_acc(float (&d)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-#define TETRA_ACC8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
-                      "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-
-// D[64 x kN] += A[64 x 16] (registers) * B[16 x kN] (shared, K-major).
-__device__ __forceinline__ void wgmma_step(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, 1, 1, 1, 0;"
-      : TETRA_ACC8(0), TETRA_ACC8(8), TETRA_ACC8(16), TETRA_ACC8(24)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-
-__device__ __forceinline__ void wgmma_step(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;"
-      : TETRA_ACC8(0), TETRA_ACC8(8), TETRA_ACC8(16), TETRA_ACC8(24), TETRA_ACC8(32),
-        TETRA_ACC8(40), TETRA_ACC8(48), TETRA_ACC8(56)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-__device__ __forceinline__ void wgmma_step(float (&d)[96], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
-      "{%96, %97, %98, %99}, %100, 1, 1, 1, 0;"
-      : TETRA_ACC8(0), TETRA_ACC8(8), TETRA_ACC8(16), TETRA_ACC8(24), TETRA_ACC8(32),
-        TETRA_ACC8(40), TETRA_ACC8(48), TETRA_ACC8(56), TETRA_ACC8(64), TETRA_ACC8(72),
-        TETRA_ACC8(80), TETRA_ACC8(88)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-
-__device__ __forceinline__ void wgmma_step(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-      "{%128, %129, %130, %131}, %132, 1, 1, 1, 0;"
-      : TETRA_ACC8(0), TETRA_ACC8(8), TETRA_ACC8(16), TETRA_ACC8(24), TETRA_ACC8(32),
-        TETRA_ACC8(40), TETRA_ACC8(48), TETRA_ACC8(56), TETRA_ACC8(64), TETRA_ACC8(72),
-        TETRA_ACC8(80), TETRA_ACC8(88), TETRA_ACC8(96), TETRA_ACC8(104), TETRA_ACC8(112),
-        TETRA_ACC8(120)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-#undef TETRA_ACC8
 
 // ---- operands ----
 
@@ -203,11 +119,11 @@ __device__ __forceinline__ void mma_issue(float (&acc)[TileShape<kN>::kAcc], con
                                           uint32_t stage) {
   uint64_t desc[8];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) desc[j] = smem_desc(stage + (j >> 2) * (kN * 128) + (j & 3) * 32);
-  wgmma_fence();
+  for (int j = 0; j < 8; ++j) desc[j] = wgmma::desc_k_major(stage + (j >> 2) * (kN * 128) + (j & 3) * 32);
+  wgmma::fence();
 #pragma unroll
-  for (int j = 0; j < 8; ++j) wgmma_step(acc, frag[j], desc[j]);
-  wgmma_commit();
+  for (int j = 0; j < 8; ++j) wgmma::mma_rs(acc, frag[j], desc[j]);
+  wgmma::commit();
 }
 
 // acc[64 rows x kN tokens] of this warpgroup over the whole K. Rows g and g+8 of each warp
@@ -241,7 +157,7 @@ __device__ __forceinline__ void gemm_block(const ARows& arows, const uint16_t* c
       const int cc = c + half;
       if (cc >= n_chunks) break;
       cp_async_wait<S::kStages - 2>();
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // cp.async -> wgmma reads
+      wgmma::fence_proxy_async();  // cp.async -> wgmma reads
       __syncthreads();
       const int pre = cc + S::kStages - 1;
       if (pre < n_chunks) load_b<kN>(smem + (pre % S::kStages) * S::kStageBytes, brows, any, pre);
@@ -251,8 +167,8 @@ __device__ __forceinline__ void gemm_block(const ARows& arows, const uint16_t* c
         decode_a(next, shift, frag[half ^ 1]);
         if (cc + 2 < n_chunks) load_a(next, arows, cc + 2);
       }
-      wgmma_wait<0>();
-      fence_acc(acc);
+      wgmma::wait<0>();
+      wgmma::fence_acc(acc);
     }
   }
 }
