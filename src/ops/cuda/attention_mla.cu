@@ -1,6 +1,7 @@
 // MLA attention (absorbed) and the DSA key choice on sm_90a; see attention_mla.h.
 //
-// The tiled MLA kernel: a block owns 32 query rows of one group (a sequence's (token, head)
+// Groups of 64 rows and more take the wgmma kernel (attention_mla_wgmma.cu); smaller ones
+// this file's tiled kernel: a block owns 32 query rows of one group (a sequence's (token, head)
 // rows packed token-major, or one token's heads when the DSA chose its keys) and one key
 // split, and streams 64-key tiles of 576-value cache rows through two shared-memory stages
 // with cp.async, two barriers a tile. Its 8 warps are two row groups of 16 rows, and the 4
@@ -24,6 +25,7 @@
 #include <climits>
 #include <cmath>
 
+#include "ops/cuda/attention_mla_internal.cuh"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_sync.cuh"
@@ -31,41 +33,15 @@
 namespace tetra::ops::cuda {
 namespace {
 
+using namespace mla;
+
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ int cache_slot(const int32_t* block_tables, int max_blocks_per_seq, int block_size,
-                                          int seq, int key) {
-  const int block = block_tables[int64_t(seq) * max_blocks_per_seq + key / block_size];
-  return block * block_size + key % block_size;
-}
-
-// The last sequence starting at or before `token`.
-__device__ __forceinline__ int sequence_of(const int32_t* seq_starts, int n_seqs, int token) {
-  int lo = 0, hi = n_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (seq_starts[mid] <= token) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
-struct MlaArgs {
-  MlaAttentionParams p;
-  int n_splits;
-  int key_cap;         // max_blocks_per_seq * block_size
-  float scale_log2;    // scale * log2(e): the softmax runs on exp2
-  float* partial_acc;  // [n_tokens, n_heads, n_splits, rank]
-  float2* partial_ml;  // [n_tokens, n_heads, n_splits]: max (log2 units), sum of p
-};
 
 // ---- the tiled kernel ----
 
 namespace tiled {
-constexpr int kRank = 512, kRope = 64, kWidth = kRank + kRope;
 constexpr int kDimWarps = 4, kRowGroups = 2, kWarps = kDimWarps * kRowGroups, kThreads = 32 * kWarps;
-constexpr int kRows = 16 * kRowGroups, kKeys = 64, kStages = 2, kSlotBuffers = 3;
-// A split of fewer keys would cost more in its partial results and their merge than it saves.
-constexpr int kMinSplitKeys = 4 * kKeys;
+constexpr int kRows = 16 * kRowGroups, kStages = 2, kSlotBuffers = 3;
 constexpr int kStride = kWidth + 8;             // a 16-byte skew: ldmatrix rows in 8 bank groups
 constexpr int kChunks = kWidth / 8;             // 16-byte chunks of a row
 constexpr int kScoreSteps = kWidth / 16 / kDimWarps;  // 16-dim k-steps of the scores per warp
@@ -80,26 +56,6 @@ static_assert(kWidth % (16 * kDimWarps) == 0 && kRank % (16 * kDimWarps) == 0, "
 static_assert(kRows * kChunks % kThreads == 0 && kKeys * kChunks % kThreads == 0, "equal copies per thread");
 static_assert(kKeys <= kThreads, "one thread finds each key's slot");
 static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
-
-// One block's rows and keys.
-struct Work {
-  int seq, split;
-  int token_begin, n_rows, row0;
-  bool by_token;       // keys from `selected` of token token_begin
-  int key_begin, key_end;  // key indices of this split (positions, or entries of `selected`)
-};
-
-// The cache slot of key index `key` of the work, or -1: past the split, or an unused or
-// out-of-range entry of `selected`.
-__device__ __forceinline__ int slot_of_key(const MlaArgs& a, const Work& w, int key) {
-  if (key >= w.key_end) return -1;
-  int position = key;
-  if (w.by_token) {
-    position = a.p.selected[int64_t(w.token_begin) * a.p.top_k + key];
-    if (position < 0 || position > a.p.positions[w.token_begin] || position >= a.key_cap) return -1;
-  }
-  return cache_slot(a.p.block_tables, a.p.max_blocks_per_seq, a.p.block_size, w.seq, position);
-}
 
 __device__ __forceinline__ void load_q(const MlaArgs& a, const Work& w, uint16_t* q_smem) {
   const int H = a.p.n_heads;
@@ -136,45 +92,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
   const int group = warp / kDimWarps, dim_warp = warp % kDimWarps;  // rows 16 * group ..; dims by dim_warp
   const int H = a.p.n_heads;
 
-  Work w;
-  w.split = int(blockIdx.x) % a.n_splits;
-  w.by_token = a.p.selected != nullptr;
-  if (w.by_token) {
-    w.token_begin = int(blockIdx.y);
-    w.seq = sequence_of(a.p.seq_starts, a.p.n_seqs, w.token_begin);
-    w.n_rows = H;
-  } else {
-    w.seq = int(blockIdx.y);
-    w.token_begin = a.p.seq_starts[w.seq];
-    w.n_rows = (a.p.seq_starts[w.seq + 1] - w.token_begin) * H;
-  }
+  Work w = block_group(a);
   const int tile_stride = int(gridDim.x) / a.n_splits;
   for (int row_tile = int(blockIdx.x) / a.n_splits; row_tile * kRows < w.n_rows; row_tile += tile_stride) {
     w.row0 = row_tile * kRows;
     // The lane's rows g and g + 8, and the last key each sees (-1: a padding row).
     int row_token[2], row_head[2], key_limit[2];
     bool row_valid[2];
-    int tile_last = -1;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = w.row0 + 16 * group + g + 8 * r;
-      row_valid[r] = row < w.n_rows;
-      row_token[r] = w.token_begin + row / H;
-      row_head[r] = row % H;
-      key_limit[r] = row_valid[r] ? (w.by_token ? INT_MAX : a.p.positions[row_token[r]]) : -1;
+      key_limit[r] = row_key_limit(a, w, w.row0 + 16 * group + g + 8 * r, row_token[r], row_head[r]);
+      row_valid[r] = key_limit[r] >= 0;
     }
-    // The block's keys: every row's, cut at the cap; split evenly in whole tiles.
-    if (w.by_token) {
-      tile_last = a.p.top_k - 1;
-    } else {
-      const int last_row = min(w.row0 + kRows, w.n_rows) - 1;
-      tile_last = a.p.positions[w.token_begin + last_row / H];  // rows are token-major: the last is the latest
-    }
-    const int n_keys = min(tile_last + 1, w.by_token ? a.p.top_k : a.key_cap);
-    const int per_split = max(kMinSplitKeys, (n_keys + a.n_splits * kKeys - 1) / (a.n_splits * kKeys) * kKeys);
-    w.key_begin = w.split * per_split;
-    w.key_end = w.split == a.n_splits - 1 ? n_keys : min(n_keys, w.key_begin + per_split);
-    const int n_tiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + kKeys - 1) / kKeys : 0;
+    const int n_tiles = split_keys(a, w, kRows);
 
     float acc[kOutDims / 8][4];
 #pragma unroll
@@ -432,25 +362,28 @@ MlaAttentionPlan make_plan(const MlaAttentionParams& p, int sm_count) {
   MlaAttentionPlan plan;
   if (p.n_tokens == 0) return plan;
   check_params(p);
-  const bool shape = p.rank == tiled::kRank && p.d_rope == tiled::kRope;
+  const bool shape = p.rank == kRank && p.d_rope == kRope;
   const bool aligned = aligned16(p.q_latent) && aligned16(p.q_rope) && aligned16(p.cache) && aligned16(p.out);
   if (!shape || !aligned) {
     TETRA_CHECK(p.rank + p.d_rope <= kFallbackMaxWidth, "mla_attention: cache rows of ", p.rank + p.d_rope,
                 " values; at most ", kFallbackMaxWidth, " outside rank 512 + rope 64");
     return plan;
   }
-  plan.path = MlaAttentionPath::Tiled;
   const int64_t group_rows = p.selected ? p.n_heads : int64_t(p.max_query_len) * p.n_heads;
-  plan.n_row_tiles = int(std::min<int64_t>(ceil_div(group_rows, tiled::kRows), INT_MAX / 1024));
-  // Split a group's keys when the blocks alone would leave SMs idle. The count comes from the
-  // batch's shape and the step's capacity, never its lengths, and each block divides its own
-  // keys evenly: one CUDA graph serves every length and gives eager decode's sums.
+  // 64 rows a block on wgmma once a group fills them; fewer rows waste less on 32-row tiles.
+  plan.path = group_rows >= kWgmmaRows ? MlaAttentionPath::Wgmma : MlaAttentionPath::Tiled;
+  const int rows = plan.path == MlaAttentionPath::Wgmma ? kWgmmaRows : tiled::kRows;
+  plan.n_row_tiles = int(std::min<int64_t>(ceil_div(group_rows, rows), INT_MAX / 1024));
+  // Split a group's keys when the blocks alone would leave SMs idle: as many splits as fit
+  // one wave. The count comes from the batch's shape and the step's capacity, never its
+  // lengths, and each block divides its own keys evenly: one CUDA graph serves every length
+  // and gives eager decode's sums.
   const int64_t groups = p.selected ? p.n_tokens : p.n_seqs;
   const int64_t work = groups * plan.n_row_tiles;
   const int64_t target = int64_t(kTargetBlocksPerSm) * sm_count;
   const int64_t cap = p.selected ? p.top_k : int64_t(p.max_blocks_per_seq) * p.block_size;
-  const int64_t wanted = work >= target ? 1 : ceil_div(target, work);
-  plan.n_splits = int(std::clamp<int64_t>(std::min(wanted, ceil_div(cap, tiled::kMinSplitKeys)), 1, kMaxSplits));
+  const int64_t wanted = work >= target ? 1 : target / work;
+  plan.n_splits = int(std::clamp<int64_t>(std::min(wanted, ceil_div(cap, kMinSplitKeys)), 1, kMaxSplits));
   return plan;
 }
 
@@ -736,16 +669,20 @@ void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void
     TETRA_CUDA_CHECK_LAUNCH("mla_attention fallback");
     return;
   }
-  static const bool raised = [] {  // once per process (for the current device)
-    TETRA_CUDA_CHECK(cudaFuncSetAttribute(tiled::mla_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          tiled::kSmemBytes));
-    return true;
-  }();
-  (void)raised;
   const dim3 grid(unsigned(plan.n_row_tiles) * unsigned(plan.n_splits),
                   unsigned(p.selected ? p.n_tokens : p.n_seqs));
-  launch_kernel(launch, tiled::mla_tiled_kernel, grid, tiled::kThreads, tiled::kSmemBytes, a);
-  TETRA_CUDA_CHECK_LAUNCH("mla_attention tiled");
+  if (plan.path == MlaAttentionPath::Wgmma) {
+    launch_mla_wgmma(launch, a, grid);
+  } else {
+    static const bool raised = [] {  // once per process (for the current device)
+      TETRA_CUDA_CHECK(cudaFuncSetAttribute(tiled::mla_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            tiled::kSmemBytes));
+      return true;
+    }();
+    (void)raised;
+    launch_kernel(launch, tiled::mla_tiled_kernel, grid, tiled::kThreads, tiled::kSmemBytes, a);
+    TETRA_CUDA_CHECK_LAUNCH("mla_attention tiled");
+  }
   if (plan.n_splits > 1) {
     launch_kernel(launch, mla_combine_kernel, unsigned(int64_t(p.n_tokens) * p.n_heads), kCombineThreads, 0, a);
     TETRA_CUDA_CHECK_LAUNCH("mla_attention combine");

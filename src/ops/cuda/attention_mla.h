@@ -30,7 +30,8 @@ struct MlaAttentionParams {
 };
 
 enum class MlaAttentionPath : uint8_t {
-  Tiled,     // mma.sync: 16 (token, head) rows a block against 64-key tiles; rank 512, rope 64
+  Wgmma,     // wgmma: 64 (token, head) rows a block against 64-key tiles; rank 512, rope 64, groups of 64+ rows
+  Tiled,     // mma.sync: 32 rows a block against 64-key tiles; rank 512, rope 64, smaller groups
   Fallback,  // one warp per (token, head), f32 CUDA cores: any rank and rope width
 };
 

@@ -1,0 +1,110 @@
+// What the MLA attention kernels share (attention_mla.cu's mma.sync kernel and
+// attention_mla_wgmma.cu's): the launch arguments, and how a block finds its group of query
+// rows, its split of the keys and each key's cache slot.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+
+#include "ops/cuda/attention_mla.h"
+#include "ops/cuda/launch.h"
+
+namespace tetra::ops::cuda::mla {
+
+constexpr int kRank = 512, kRope = 64, kWidth = kRank + kRope;  // the shape the tiled kernels take
+constexpr int kKeys = 64;                                       // keys a tile
+// A split of fewer keys would cost more in its partial results and their merge than it saves.
+constexpr int kMinSplitKeys = 4 * kKeys;
+
+struct MlaArgs {
+  MlaAttentionParams p;
+  int n_splits;
+  int key_cap;         // max_blocks_per_seq * block_size
+  float scale_log2;    // scale * log2(e): the softmax runs on exp2
+  float* partial_acc;  // [n_tokens, n_heads, n_splits, rank]
+  float2* partial_ml;  // [n_tokens, n_heads, n_splits]: max (log2 units), sum of p
+};
+
+__device__ __forceinline__ int cache_slot(const int32_t* block_tables, int max_blocks_per_seq, int block_size,
+                                          int seq, int key) {
+  const int block = block_tables[int64_t(seq) * max_blocks_per_seq + key / block_size];
+  return block * block_size + key % block_size;
+}
+
+// The last sequence starting at or before `token`.
+__device__ __forceinline__ int sequence_of(const int32_t* seq_starts, int n_seqs, int token) {
+  int lo = 0, hi = n_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (seq_starts[mid] <= token) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// One block's rows and keys. A group is a sequence's (token, head) rows packed token-major, or
+// one token's heads when the DSA chose its keys; gridDim.x counts its row tiles times the splits.
+struct Work {
+  int seq, split;
+  int token_begin, n_rows, row0;
+  bool by_token;           // keys from `selected` of token token_begin
+  int key_begin, key_end;  // key indices of this split (positions, or entries of `selected`)
+};
+
+__device__ __forceinline__ Work block_group(const MlaArgs& a) {
+  Work w{};
+  w.split = int(blockIdx.x) % a.n_splits;
+  w.by_token = a.p.selected != nullptr;
+  if (w.by_token) {
+    w.token_begin = int(blockIdx.y);
+    w.seq = sequence_of(a.p.seq_starts, a.p.n_seqs, w.token_begin);
+    w.n_rows = a.p.n_heads;
+  } else {
+    w.seq = int(blockIdx.y);
+    w.token_begin = a.p.seq_starts[w.seq];
+    w.n_rows = (a.p.seq_starts[w.seq + 1] - w.token_begin) * a.p.n_heads;
+  }
+  return w;
+}
+
+// The last key row `row` of the group sees, or -1 for a padding row; its token and head.
+__device__ __forceinline__ int row_key_limit(const MlaArgs& a, const Work& w, int row, int& token, int& head) {
+  token = w.token_begin + row / a.p.n_heads;
+  head = row % a.p.n_heads;
+  if (row >= w.n_rows) return -1;
+  return w.by_token ? INT_MAX : a.p.positions[token];
+}
+
+// The keys of the row tile at w.row0 (`rows` rows): every row's, cut at the cap, split evenly
+// in whole tiles. Sets w.key_begin and w.key_end; returns the tiles of this split.
+__device__ __forceinline__ int split_keys(const MlaArgs& a, Work& w, int rows) {
+  int tile_last;
+  if (w.by_token) {
+    tile_last = a.p.top_k - 1;
+  } else {
+    const int last_row = min(w.row0 + rows, w.n_rows) - 1;
+    tile_last = a.p.positions[w.token_begin + last_row / a.p.n_heads];  // token-major: the last is the latest
+  }
+  const int n_keys = min(tile_last + 1, w.by_token ? a.p.top_k : a.key_cap);
+  const int per_split = max(kMinSplitKeys, (n_keys + a.n_splits * kKeys - 1) / (a.n_splits * kKeys) * kKeys);
+  w.key_begin = w.split * per_split;
+  w.key_end = w.split == a.n_splits - 1 ? n_keys : min(n_keys, w.key_begin + per_split);
+  return w.key_end > w.key_begin ? (w.key_end - w.key_begin + kKeys - 1) / kKeys : 0;
+}
+
+// The cache slot of key index `key` of the work, or -1: past the split, or an unused or
+// out-of-range entry of `selected`.
+__device__ __forceinline__ int slot_of_key(const MlaArgs& a, const Work& w, int key) {
+  if (key >= w.key_end) return -1;
+  int position = key;
+  if (w.by_token) {
+    position = a.p.selected[int64_t(w.token_begin) * a.p.top_k + key];
+    if (position < 0 || position > a.p.positions[w.token_begin] || position >= a.key_cap) return -1;
+  }
+  return cache_slot(a.p.block_tables, a.p.max_blocks_per_seq, a.p.block_size, w.seq, position);
+}
+
+// The wgmma kernel (attention_mla_wgmma.cu): 64 rows a block, gridDim as for the tiled one.
+constexpr int kWgmmaRows = 64;
+void launch_mla_wgmma(const KernelLaunch& launch, const MlaArgs& a, dim3 grid);
+
+}  // namespace tetra::ops::cuda::mla
