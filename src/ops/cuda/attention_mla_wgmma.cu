@@ -8,11 +8,14 @@
 //     128-byte swizzled, filled by cp.async (the keys are gathered by slot, one row each);
 //   - warpgroup 0 scores S = Q K^T (36 k-steps of m64n64k16), runs the online softmax in its
 //     accumulators, and leaves P (BF16) and each row's rescale factor in shared memory;
-//   - both warpgroups rescale and accumulate their half of the output dims, O += P V, V being
-//     the first 512 values of the same tile read as an MN-major operand (m64n256k16, 4 k-steps).
+//   - warpgroup 1 meanwhile issues the copy of the next tile, and finds the slots of the one
+//     after while its MMAs run, so neither the copies nor the block-table reads wait on the
+//     scores;
+//   - both warpgroups rescale (only when a row's maximum grew by more than kRescaleSlack) and
+//     accumulate their half of the output dims, O += P V, V being the first 512 values of the
+//     same tile read as an MN-major operand (m64n256k16, 4 k-steps).
 // Two barriers a tile: the tile has landed (and the previous one is consumed), and P is ready.
-// The next tile's copy is in flight through all of it. Splits leave (max, sum, unnormalized
-// output) for the combine kernel, as the tiled kernel does.
+// Splits leave (max, sum, unnormalized output) for the combine kernel, as the tiled kernel does.
 #include <cuda_bf16.h>
 
 #include "ops/cuda/attention_mla_internal.cuh"
@@ -26,7 +29,6 @@ namespace {
 
 constexpr int kRows = kWgmmaRows;
 constexpr int kThreads = 256;                        // two warpgroups
-constexpr int kUnits = kWidth / 8;                   // 16-byte units of a cache row: 72
 constexpr int kAtoms = kWidth / 64;                  // 64-value (128-byte) column blocks: 9
 constexpr int kAtomBytes = kKeys * 128;              // one column block of 64 rows
 constexpr int kTileBytes = kAtoms * kAtomBytes;      // 73,728: Q, or one stage of keys
@@ -37,37 +39,79 @@ constexpr int kPOffset = kStageOffset + kStages * kTileBytes;
 constexpr int kAlphaOffset = kPOffset + kRows * kKeys * 2;
 constexpr int kSumOffset = kAlphaOffset + kRows * 4;
 constexpr int kSlotsOffset = kSumOffset + kRows * 4;
-constexpr int kSmemBytes = kSlotsOffset + kSlotBuffers * kKeys * 4 + 1024;  // + alignment slack
+constexpr int kHasKeyOffset = kSlotsOffset + kSlotBuffers * kKeys * 4;
+constexpr int kSmemBytes = kHasKeyOffset + kSlotBuffers * (kKeys / 32) * 4 + 1024;  // + alignment slack
+// The softmax keeps a row's reference maximum until a tile beats it by more than this (log2
+// units, a factor 256): the output's rescale is skipped in most tiles, and the weights stay
+// at most 2^8, exact in f32 and as BF16 as any others.
+constexpr float kRescaleSlack = 8.0f;
 static_assert(kRows == kKeys, "Q and a key tile share one layout");
 static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
 static_assert(kKeys <= kThreads, "one thread finds each key's slot");
 
-// 16-byte unit u of row r of a [64 x 576] tile, in bytes from the tile.
-__device__ __forceinline__ uint32_t unit_offset(int r, int u) {
-  return uint32_t((u / 8) * kAtomBytes) + wgmma::swizzled(r, u % 8);
-}
+// Copier t of kCopiers copies 16-byte unit c = t % 8 of every 128-byte column block of the
+// rows t / 8 + i kCopiers / 8: offsets fixed at compile time from one pointer a row. A warp
+// reads four whole 128-byte lines at a time.
+template <int kCopiers>
+struct RowCopy {
+  static constexpr int kStride = kCopiers / 8, kPerThread = kRows / kStride;  // rows
+  const uint16_t* latent[kPerThread];
+  const uint16_t* rope[kPerThread];
+  bool valid[kPerThread];
 
-__device__ __forceinline__ void load_q(const MlaArgs& a, const Work& w, uint32_t q_smem) {
-  const int H = a.p.n_heads;
-  for (int i = int(threadIdx.x); i < kRows * kUnits; i += kThreads) {
-    const int r = i / kUnits, u = i % kUnits, row = w.row0 + r;
-    const bool valid = row < w.n_rows;
-    const uint16_t* src = a.p.q_latent;
-    if (valid) {
-      const int64_t qrow = int64_t(w.token_begin + row / H) * H + row % H;
-      src = u < kRank / 8 ? a.p.q_latent + qrow * kRank + 8 * u : a.p.q_rope + qrow * kRope + 8 * (u - kRank / 8);
+  __device__ __forceinline__ static int row(int t, int i) { return t / 8 + i * kStride; }
+
+  __device__ __forceinline__ void issue(int t, uint32_t tile) const {
+    const int c = t % 8;
+    const uint32_t dst = tile + wgmma::swizzled(t / 8, c);  // rows kStride (a multiple of 8) apart swizzle alike
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+#pragma unroll
+      for (int atom = 0; atom < kAtoms - 1; ++atom)
+        cp_async_16(dst + atom * kAtomBytes + i * kStride * 128, latent[i] + atom * 64 + 8 * c, valid[i]);
+      cp_async_16(dst + (kAtoms - 1) * kAtomBytes + i * kStride * 128, rope[i] + 8 * c, valid[i]);
     }
-    cp_async_16(q_smem + unit_offset(r, u), src, valid);
   }
+};
+static_assert(kRank == (kAtoms - 1) * 64 && kRope == 64, "8 column blocks of latent, one of rope");
+
+// Q of the row tile, by all threads.
+__device__ __forceinline__ void load_q(const MlaArgs& a, const Work& w, uint32_t q_smem) {
+  const int H = a.p.n_heads, t = int(threadIdx.x);
+  RowCopy<kThreads> copy;
+#pragma unroll
+  for (int i = 0; i < copy.kPerThread; ++i) {
+    const int row = w.row0 + copy.row(t, i);
+    copy.valid[i] = row < w.n_rows;
+    const int64_t qrow = copy.valid[i] ? int64_t(w.token_begin + row / H) * H + row % H : 0;
+    copy.latent[i] = a.p.q_latent + qrow * kRank;
+    copy.rope[i] = a.p.q_rope + qrow * kRope;
+  }
+  copy.issue(t, q_smem);
 }
 
-__device__ __forceinline__ void copy_tile(const MlaArgs& a, const int32_t* slots, uint32_t tile) {
-#pragma unroll 6
-  for (int i = int(threadIdx.x); i < kKeys * kUnits; i += kThreads) {
-    const int r = i / kUnits, u = i % kUnits, slot = slots[r];
-    const uint16_t* src = slot >= 0 ? a.p.cache + int64_t(slot) * kWidth + 8 * u : a.p.cache;
-    cp_async_16(tile + unit_offset(r, u), src, slot >= 0);
+// A key tile, by warpgroup 1 (t: its thread).
+__device__ __forceinline__ void copy_tile(const MlaArgs& a, const int32_t* slots, uint32_t tile, int t) {
+  RowCopy<128> copy;
+#pragma unroll
+  for (int i = 0; i < copy.kPerThread; ++i) {
+    const int slot = slots[copy.row(t, i)];
+    copy.valid[i] = slot >= 0;
+    copy.latent[i] = a.p.cache + (copy.valid[i] ? int64_t(slot) * kWidth : 0);
+    copy.rope[i] = copy.latent[i] + kRank;
   }
+  copy.issue(t, tile);
+}
+
+// The slots of a tile's keys (-1: no key), and a bit per key that has one; threads t < 64 of
+// warpgroup 1.
+__device__ __forceinline__ void find_slots(const MlaArgs& a, const Work& w, int first_key, int32_t* slots,
+                                           uint32_t* has_key, int t) {
+  if (t >= kKeys) return;  // whole warps
+  const int slot = slot_of_key(a, w, first_key + t);
+  slots[t] = slot;
+  const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0);
+  if (t % 32 == 0) has_key[t / 32] = bits;
 }
 
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a) {
@@ -81,6 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
   float* alpha_smem = reinterpret_cast<float*>(smem + kAlphaOffset);
   float* sum_smem = reinterpret_cast<float*>(smem + kSumOffset);
   const auto slots = [&](int s) { return reinterpret_cast<int32_t*>(smem + kSlotsOffset) + s * kKeys; };
+  const auto has_key = [&](int s) { return reinterpret_cast<uint32_t*>(smem + kHasKeyOffset) + s * (kKeys / 32); };
   const int tid = int(threadIdx.x), wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int H = a.p.n_heads;
@@ -104,13 +149,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // warpgroup 0's
 
     if (n_tiles > 0) {
-      if (tid < kKeys) {
-        slots(0)[tid] = slot_of_key(a, w, w.key_begin + tid);
-        slots(1)[tid] = slot_of_key(a, w, w.key_begin + kKeys + tid);
+      if (wg == 1) {
+        find_slots(a, w, w.key_begin, slots(0), has_key(0), tid - 128);
+        find_slots(a, w, w.key_begin + kKeys, slots(1), has_key(1), tid - 128);
       }
       load_q(a, w, q_smem);
       __syncthreads();  // the slots of tiles 0 and 1
-      copy_tile(a, slots(0), stage_smem(0));
+      if (wg == 1) copy_tile(a, slots(0), stage_smem(0), tid - 128);
       cp_async_commit();  // Q and tile 0
     }
     for (int it = 0; it < n_tiles; ++it) {
@@ -121,10 +166,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
       // Tile it landed for every thread; both warpgroups are past tile it - 1's P V, so the
       // other stage, P and the rescale factors are free.
       __syncthreads();
-      if (next < n_tiles) copy_tile(a, slots(next % kSlotBuffers), stage_smem(next % kStages));
+      // Warpgroup 1 copies tile it + 1 while warpgroup 0 scores tile it.
+      if (wg == 1 && next < n_tiles) copy_tile(a, slots(next % kSlotBuffers), stage_smem(next % kStages), tid - 128);
       cp_async_commit();
-      // Tile it + 2's slots take the buffer of tile it - 1 (done with at its mask and copy).
-      if (tid < kKeys) slots((it + 2) % kSlotBuffers)[tid] = slot_of_key(a, w, w.key_begin + (it + 2) * kKeys + tid);
 
       if (wg == 0) {
         float s[kKeys / 2];
@@ -139,24 +183,30 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
         wgmma::commit();
         wgmma::wait<0>();
         wgmma::fence_acc(s);
+        // Key k = 8 (i / 4) + 2 t4 + (i & 1) of accumulator i: its bit of the mask, and the
+        // rows' last keys, are shifted by 2 t4 once.
+        const uint32_t* bits = has_key(it % kSlotBuffers);
+        const uint64_t keys = (uint64_t(bits[0]) | uint64_t(bits[1]) << 32) >> (2 * t4);
         const int key0 = w.key_begin + it * kKeys;
-        const int32_t* tile_slots = slots(it % kSlotBuffers);
+        const int last[2] = {key_limit[0] - key0 - 2 * t4, key_limit[1] - key0 - 2 * t4};
         float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int i = 0; i < kKeys / 2; ++i) {
-          const int k = 8 * (i / 4) + 2 * t4 + (i & 1), r = (i / 2) & 1;
-          float x = s[i] * a.scale_log2;
-          if (tile_slots[k] < 0 || key0 + k > key_limit[r]) x = -INFINITY;
+          const int k = 8 * (i / 4) + (i & 1), r = (i / 2) & 1;
+          const float x = ((keys >> k) & 1) && k <= last[r] ? s[i] * a.scale_log2 : -INFINITY;
           s[i] = x;
           tile_max[r] = fmaxf(tile_max[r], x);
         }
         float base_r[2], alpha[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
-          base_r[r] = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: exp2(-inf - 0) = 0, not NaN
-          alpha[r] = exp2_approx(m[r] - base_r[r]);
-          m[r] = m_new;
+          const float m_tile = quad_max(tile_max[r]);
+          alpha[r] = 1.0f;
+          if (m_tile > m[r] + kRescaleSlack) {  // the first key of a row too: m = -inf, alpha = 0
+            alpha[r] = exp2_approx(m[r] - m_tile);
+            m[r] = m_tile;
+          }
+          base_r[r] = m[r] == -INFINITY ? 0.0f : m[r];  // no key yet: exp2(-inf - 0) = 0, not NaN
         }
         float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -182,14 +232,21 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
       }
       __syncthreads();  // P and the rescale factors
       const float alpha[2] = {alpha_smem[local_row[0]], alpha_smem[local_row[1]]};
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
 #pragma unroll
-      for (int i = 0; i < kHalfDims / 2; ++i) o[i] *= alpha[(i / 2) & 1];
+        for (int i = 0; i < kHalfDims / 2; ++i) o[i] *= alpha[(i / 2) & 1];
+      }
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk)
         wgmma::mma_ss<1>(o, wgmma::desc_k_major(p_smem + kk * 32),
                          wgmma::desc_mn_major(tile + wg * (kHalfDims / 64) * kAtomBytes + kk * 16 * 128, kAtomBytes));
       wgmma::commit();
+      // Tile it + 2's slots, while the MMAs run, take the buffer of tile it - 1 (done with at
+      // its mask and copy); their global reads stay off warpgroup 0's path.
+      if (wg == 1)
+        find_slots(a, w, w.key_begin + (it + 2) * kKeys, slots((it + 2) % kSlotBuffers),
+                   has_key((it + 2) % kSlotBuffers), tid - 128);
       wgmma::wait<0>();
       wgmma::fence_acc(o);
     }
