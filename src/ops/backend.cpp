@@ -7,6 +7,31 @@
 
 namespace tetra::ops {
 
+void Backend::mla_rope_cache_write(const Context& ctx, TensorView q, TensorView q_nope, TensorView q_rope,
+                                   TensorView ckv, TensorView kv_norm, float eps, const RopeSpec& rope_spec,
+                                   const AttentionBatch& batch, TensorView cache) {
+  const int64_t t = q.dim(0), heads = q.dim(1), dn = q_nope.dim(2), dr = q_rope.dim(2), rank = kv_norm.numel();
+  TETRA_CHECK(q.shape.rank == 3 && q.dim(2) == dn + dr && q_nope.dim(0) == t && q_rope.dim(0) == t &&
+                  q_nope.dim(1) == heads && q_rope.dim(1) == heads && ckv.shape.rank == 2 && ckv.dim(0) == t &&
+                  ckv.dim(1) == rank + dr,
+              "mla_rope_cache_write: q ", q.shape.str(), ", q_nope ", q_nope.shape.str(), ", q_rope ",
+              q_rope.shape.str(), " and ckv ", ckv.shape.str(), " do not agree with a latent of ", rank);
+  const TensorView q_rows = q.reshaped({t * heads, dn + dr});
+  copy_columns(ctx, q_rows, 0, q_nope.reshaped({t * heads, dn}), 0, dn);
+  copy_columns(ctx, q_rows, dn, q_rope.reshaped({t * heads, dr}), 0, dr);
+  rope(ctx, q_rope, batch.positions, rope_spec);
+  // Each row's two parts are contiguous views of it: no scratch.
+  const int64_t value_bytes = dtype_bits(ckv.dtype) / 8;
+  for (int64_t i = 0; i < t; ++i) {
+    const TensorView row = ckv.rows(i, i + 1);
+    const TensorView latent{row.data, ckv.dtype, Shape{1, rank}, ckv.device};
+    const TensorView k_rope{static_cast<char*>(row.data) + rank * value_bytes, ckv.dtype, Shape{1, 1, dr}, ckv.device};
+    rms_norm(ctx, latent, kv_norm, eps, latent);
+    rope(ctx, k_rope, batch.positions.rows(i, i + 1), rope_spec);
+  }
+  cache_write(ctx, ckv, batch, cache);
+}
+
 bool cuda_device_available() {
 #ifdef TETRA_HAVE_CUDA
   return cuda::cuda_device_present();

@@ -77,6 +77,11 @@ class ForwardingBackend : public Backend {
   void cache_write(const Context& c, TensorView rows, const AttentionBatch& b, TensorView cache) override {
     in_.cache_write(c, rows, b, cache);
   }
+  void mla_rope_cache_write(const Context& c, TensorView q, TensorView q_nope, TensorView q_rope, TensorView ckv,
+                            TensorView kv_norm, float eps, const RopeSpec& r, const AttentionBatch& b,
+                            TensorView cache) override {
+    in_.mla_rope_cache_write(c, q, q_nope, q_rope, ckv, kv_norm, eps, r, b, cache);
+  }
   void qk_norm_rope_kv_write(const Context& c, TensorView q, TensorView k, TensorView v, TensorView q_norm,
                              TensorView k_norm, float eps, const RopeSpec& r, const AttentionBatch& b,
                              const KvCacheLayer& cache) override {

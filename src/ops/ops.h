@@ -327,6 +327,15 @@ class Backend {
   // Writes rows [T, ...] to their slots of one cache tensor [n_blocks, block_size, ...].
   virtual void cache_write(const Context& ctx, TensorView rows, const AttentionBatch& batch,
                            TensorView cache) = 0;
+  // MLA's attention inputs in one pass (FORMATS.md §2): q [T, H, dn + dr] splits into q_nope
+  // [T, H, dn] and q_rope [T, H, dr], the latter rotated at the batch's positions; the cache
+  // entry ckv [T, rank + dr] takes the RMSNorm of its latent (weight kv_norm [rank]) and the
+  // rotation of its last dr values, in place, and goes to `cache` at the batch's slots. Equal
+  // to copy_columns, rms_norm, rope and cache_write in turn, which is the default (backend.cpp).
+  // kv_norm and rope's frequencies are fixed since load.
+  virtual void mla_rope_cache_write(const Context& ctx, TensorView q, TensorView q_nope, TensorView q_rope,
+                                    TensorView ckv, TensorView kv_norm, float eps, const RopeSpec& rope_spec,
+                                    const AttentionBatch& batch, TensorView cache);
   // The attention inputs' last step in one pass: each head of q [T, H, D] and k [T, KV, D]
   // takes its RMSNorm where q_norm and k_norm are given (the qk-norm families), then rope at
   // the batch's positions, in place; then k and v go to the cache at the batch's slots. Equal

@@ -84,6 +84,12 @@ void ProfilingBackend::cache_write(const ops::Context& c, TensorView rows, const
                                    TensorView cache) {
   timed("cache_write", OpClass::Attention, [&] { inner().cache_write(c, rows, b, cache); });
 }
+void ProfilingBackend::mla_rope_cache_write(const ops::Context& c, TensorView q, TensorView q_nope, TensorView q_rope,
+                                            TensorView ckv, TensorView kv_norm, float eps, const ops::RopeSpec& r,
+                                            const ops::AttentionBatch& b, TensorView cache) {
+  timed("mla_rope_cache_write", OpClass::NormRope,
+        [&] { inner().mla_rope_cache_write(c, q, q_nope, q_rope, ckv, kv_norm, eps, r, b, cache); });
+}
 void ProfilingBackend::qk_norm_rope_kv_write(const ops::Context& c, TensorView q, TensorView k, TensorView v,
                                              TensorView q_norm, TensorView k_norm, float eps, const ops::RopeSpec& r,
                                              const ops::AttentionBatch& b, const ops::KvCacheLayer& cache) {

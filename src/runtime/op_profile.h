@@ -46,6 +46,9 @@ class ProfilingBackend final : public ops::ForwardingBackend {
   void kv_write(const ops::Context& c, TensorView k, TensorView v, const ops::AttentionBatch& b,
                 const ops::KvCacheLayer& cache) override;
   void cache_write(const ops::Context& c, TensorView rows, const ops::AttentionBatch& b, TensorView cache) override;
+  void mla_rope_cache_write(const ops::Context& c, TensorView q, TensorView q_nope, TensorView q_rope, TensorView ckv,
+                            TensorView kv_norm, float eps, const ops::RopeSpec& r, const ops::AttentionBatch& b,
+                            TensorView cache) override;
   void qk_norm_rope_kv_write(const ops::Context& c, TensorView q, TensorView k, TensorView v, TensorView q_norm,
                              TensorView k_norm, float eps, const ops::RopeSpec& r, const ops::AttentionBatch& b,
                              const ops::KvCacheLayer& cache) override;

@@ -391,6 +391,58 @@ TEST_F(BackendParity, QkNormRopeKvWrite) {
   }
 }
 
+TEST_F(BackendParity, MlaRopeCacheWrite) {
+  // MLA's fused attention-input step against the CPU, and on each backend against the ops it
+  // replaces (copy_columns, rms_norm, rope, cache_write: the default). Slots -1 write nothing.
+  struct Case { int64_t heads, dn, dr, rank; int rotary; bool interleaved; };
+  for (const Case c : {Case{64, 192, 64, 512, 64, true}, Case{5, 24, 16, 40, 8, false}, Case{3, 128, 64, 600, 64, false}}) {
+    const int64_t t = 11, n_blocks = 3, bs = 8, width = c.rank + c.dr;
+    const auto q = randn(t * c.heads * (c.dn + c.dr), 2.0f), ckv = randn(t * width, 2.0f), kn = randn(c.rank, 0.5f);
+    std::vector<int32_t> pos(static_cast<size_t>(t)), slots(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i) {
+      pos[size_t(i)] = int32_t(rng() % 100000u);
+      slots[size_t(i)] = i % 4 == 2 ? -1 : int32_t((i * 5) % (n_blocks * bs));
+    }
+    std::vector<float> inv(static_cast<size_t>(c.rotary / 2));
+    for (int i = 0; i < c.rotary / 2; ++i) inv[size_t(i)] = float(std::pow(10000.0, -2.0 * i / c.rotary));
+    std::vector<float> got[4], want[4];
+    for (Side* s : {cpu.get(), gpu.get()}) {
+      const RopeSpec spec{.inv_freq = s->put(inv, {int64_t(inv.size())}, DType::F32), .attention_scaling = 1.25f,
+                          .rotary_dim = c.rotary, .interleaved = c.interleaved};
+      AttentionBatch b;
+      b.n_tokens = int(t);
+      b.positions = s->ints(pos, {t});
+      b.slot_mapping = s->ints(slots, {t});
+      const TensorView norm = s->put(kn, {c.rank}, DType::BF16);
+      std::vector<float> results[2][4];
+      for (int fused = 0; fused < 2; ++fused) {
+        const Shape cache_shape{n_blocks, bs, 1, width};
+        const TensorView cache = s->put(std::vector<float>(size_t(cache_shape.numel()), 0.0f), cache_shape, s->b->kv_dtype());
+        const TensorView qv = s->act(q, {t, c.heads, c.dn + c.dr}), cv = s->act(ckv, {t, width});
+        const TensorView qn = s->out_act({t, c.heads, c.dn}), qr = s->out_act({t, c.heads, c.dr});
+        if (fused)
+          s->b->mla_rope_cache_write(s->ctx, qv, qn, qr, cv, norm, 1e-6f, spec, b, cache);
+        else
+          s->b->Backend::mla_rope_cache_write(s->ctx, qv, qn, qr, cv, norm, 1e-6f, spec, b, cache);
+        results[fused][0] = s->read(qn), results[fused][1] = s->read(qr), results[fused][2] = s->read(cv),
+        results[fused][3] = s->read(cache);
+      }
+      for (int i = 0; i < 4; ++i) {
+        const double e = nmse(results[1][i], results[0][i]);
+        EXPECT_LE(e, kBf16Out) << s->b->name() << " fused against the separate ops, output " << i;
+      }
+      for (int i = 0; i < 4; ++i) (s == cpu.get() ? want : got)[i] = results[1][i];
+    }
+    const std::string name = " heads=" + std::to_string(c.heads) + " rank=" + std::to_string(c.rank) +
+                             " dr=" + std::to_string(c.dr) + " rotary=" + std::to_string(c.rotary) +
+                             (c.interleaved ? " interleaved" : "");
+    report("mla_rope_cache_write q_nope" + name, nmse(got[0], want[0]), 0.0);
+    report("mla_rope_cache_write q_rope" + name, nmse(got[1], want[1]), kBf16Out);
+    report("mla_rope_cache_write ckv" + name, nmse(got[2], want[2]), kBf16Out);
+    report("mla_rope_cache_write cache" + name, nmse(got[3], want[3]), kBf16Out);
+  }
+}
+
 TEST_F(BackendParity, ElementwiseGatherAndColumns) {
   const int64_t t = 33, n = 200;
   const auto a = randn(t * n), b = randn(t * n);

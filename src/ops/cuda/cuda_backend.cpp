@@ -249,6 +249,13 @@ class CudaBackend final : public Backend {
   void cache_write(const Context& ctx, TensorView rows, const AttentionBatch& batch, TensorView cache) override {
     cuda::cache_write(kernel_launch(ctx), rows, batch.slot_mapping, cache);
   }
+  void mla_rope_cache_write(const Context& ctx, TensorView q, TensorView q_nope, TensorView q_rope, TensorView ckv,
+                            TensorView kv_norm, float eps, const RopeSpec& rope_spec, const AttentionBatch& batch,
+                            TensorView cache) override {
+    check_device(q, "mla_rope_cache_write", "q");
+    cuda::mla_rope_cache_write(kernel_launch(ctx), q, q_nope, q_rope, ckv, kv_norm, eps, batch.positions, rope_spec,
+                               batch.slot_mapping, cache);
+  }
   void attention(const Context& ctx, TensorView q, const KvCacheLayer& cache, const AttentionBatch& batch,
                  float scale, TensorView out) override;
   void mla_attention(const Context& ctx, TensorView q_latent, TensorView q_rope, const KvCacheLayer& cache,

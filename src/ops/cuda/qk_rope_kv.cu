@@ -100,7 +100,126 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs 
   for (int i = lane; i < a.d_v; i += 32) store_float(a.v_cache, v_at + i, a.cdt, load_float(a.v, v_from + i, a.vdt));
 }
 
+struct MlaArgs {
+  const void* q;
+  void *q_nope, *q_rope, *ckv;
+  DType dt, wdt, cdt;
+  const void* kv_norm;
+  float eps;
+  const int32_t* positions;
+  const float* inv_freq;
+  float scaling;
+  int half;
+  bool interleaved;
+  const int32_t* slots;
+  void* cache;
+  int64_t n_tokens, n_slots;
+  int n_heads, dn, dr, rank;
+};
+
+// Rotates the dr values at src[from ..] into dst[to ..] (pairs as rope.cu forms them; values
+// past the rotary dims are copied). src and dst may be the same row.
+__device__ __forceinline__ void rope_row(const MlaArgs& a, const void* src, int64_t from, void* dst, int64_t to,
+                                         float pos, int lane) {
+  for (int p = lane; p < a.half; p += 32) {
+    const float angle = pos * a.inv_freq[p];
+    const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
+    const int ia = a.interleaved ? 2 * p : p, ib = a.interleaved ? 2 * p + 1 : p + a.half;
+    const float x1 = load_float(src, from + ia, a.dt), x2 = load_float(src, from + ib, a.dt);
+    store_float(dst, to + ia, a.dt, x1 * c - x2 * s);
+    store_float(dst, to + ib, a.dt, x2 * c + x1 * s);
+  }
+  for (int i = 2 * a.half + lane; i < a.dr; i += 32) store_float(dst, to + i, a.dt, load_float(src, from + i, a.dt));
+}
+
+// Warp w of a token's H + 1: a query head (split and rotated), or the cache entry (the
+// latent's RMSNorm, the rope key's rotation, in place; then the row to its slot, read back
+// after __syncwarp so the cache holds the rounded values).
+__global__ void __launch_bounds__(kWarps * 32) mla_rope_cache_kernel(const MlaArgs a) {
+  const int lane = int(threadIdx.x) % 32;
+  const int64_t w = int64_t(blockIdx.x) * kWarps + int(threadIdx.x) / 32;
+  const int per_token = a.n_heads + 1;
+  const bool active = w < a.n_tokens * per_token;
+  const int hh = int(w % per_token);
+  const bool is_entry = hh == a.n_heads;
+  // The norm weight is fixed at load: read before pdl_wait (launch.cuh), latents up to
+  // kEarly * 32 wide; wider ones read the rest after.
+  constexpr int kEarly = 16;
+  float norm_w[kEarly];
+#pragma unroll
+  for (int j = 0; j < kEarly; ++j) {
+    const int i = lane + 32 * j;
+    norm_w[j] = active && is_entry && i < a.rank ? load_float(a.kv_norm, i, a.wdt) : 0.0f;
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  if (!active) return;
+  const int64_t t = w / per_token;
+  const float pos = float(a.positions[t]);
+  if (!is_entry) {
+    const int64_t row = t * a.n_heads + hh, src = row * (a.dn + a.dr);
+    for (int i = lane; i < a.dn; i += 32) store_float(a.q_nope, row * a.dn + i, a.dt, load_float(a.q, src + i, a.dt));
+    rope_row(a, a.q, src + a.dn, a.q_rope, row * a.dr, pos, lane);
+    return;
+  }
+  const int width = a.rank + a.dr;
+  const int64_t base = t * width;
+  float sq = 0.0f;
+  for (int i = lane; i < a.rank; i += 32) {
+    const float v = load_float(a.ckv, base + i, a.dt);
+    sq += v * v;
+  }
+  const float inv = rsqrtf(warp_sum(sq) / float(a.rank) + a.eps);
+#pragma unroll
+  for (int j = 0; j < kEarly; ++j) {
+    const int i = lane + 32 * j;
+    if (i < a.rank) store_float(a.ckv, base + i, a.dt, norm_w[j] * (load_float(a.ckv, base + i, a.dt) * inv));
+  }
+  for (int i = lane + 32 * kEarly; i < a.rank; i += 32)
+    store_float(a.ckv, base + i, a.dt, load_float(a.kv_norm, i, a.wdt) * (load_float(a.ckv, base + i, a.dt) * inv));
+  // Each lane rotates pairs it reads and writes itself: no other lane's value is read here.
+  rope_row(a, a.ckv, base + a.rank, a.ckv, base + a.rank, pos, lane);
+  const int32_t slot = a.slots[t];
+  if (slot < 0 || slot >= a.n_slots) return;
+  __syncwarp();
+  for (int i = lane; i < width; i += 32)
+    store_float(a.cache, int64_t(slot) * width + i, a.cdt, load_float(a.ckv, base + i, a.dt));
+}
+
 }  // namespace
+
+void mla_rope_cache_write(const KernelLaunch& launch, TensorView q, TensorView q_nope, TensorView q_rope,
+                          TensorView ckv, TensorView kv_norm, float eps, TensorView positions, const RopeSpec& rope,
+                          TensorView slots, TensorView cache) {
+  const char* op = "mla_rope_cache_write";
+  TETRA_CHECK(q.shape.rank == 3 && q_nope.shape.rank == 3 && q_rope.shape.rank == 3 && ckv.shape.rank == 2, op,
+              ": q, q_nope and q_rope must be [T, heads, d] and ckv [T, width]");
+  const int64_t T = q.dim(0), H = q.dim(1), dn = q_nope.dim(2), dr = q_rope.dim(2), rank = kv_norm.numel();
+  TETRA_CHECK(q.dim(2) == dn + dr && q_nope.dim(0) == T && q_rope.dim(0) == T && q_nope.dim(1) == H &&
+                  q_rope.dim(1) == H && ckv.dim(0) == T && ckv.dim(1) == rank + dr,
+              op, ": q ", q.shape.str(), ", q_nope ", q_nope.shape.str(), ", q_rope ", q_rope.shape.str(), " and ckv ",
+              ckv.shape.str(), " do not agree with a latent of ", rank);
+  TETRA_CHECK(q_nope.dtype == q.dtype && q_rope.dtype == q.dtype && ckv.dtype == q.dtype, op,
+              ": q, q_nope, q_rope and ckv share a dtype");
+  TETRA_CHECK(positions.numel() == T && positions.dtype == DType::I32 && slots.numel() == T &&
+                  slots.dtype == DType::I32,
+              op, ": one I32 position and slot per token");
+  TETRA_CHECK(rope.rotary_dim <= dr && rope.rotary_dim % 2 == 0 && rope.inv_freq.dtype == DType::F32 &&
+                  rope.inv_freq.numel() * 2 >= rope.rotary_dim,
+              op, ": rotary_dim ", rope.rotary_dim, " does not fit a rope part of ", dr);
+  TETRA_CHECK(cache.shape.rank >= 2 && cache.numel() == cache.dim(0) * cache.dim(1) * (rank + dr), op, ": the cache ",
+              cache.shape.str(), " does not hold rows of ", rank + dr);
+  TETRA_CHECK(rank + dr <= INT32_MAX && H < INT32_MAX, op, ": rows too wide");
+  if (T == 0) return;
+  MlaArgs a{q.data, q_nope.data, q_rope.data, ckv.data, q.dtype, kv_norm.dtype, cache.dtype, kv_norm.data, eps,
+            positions.as<const int32_t>(), rope.inv_freq.as<const float>(), rope.attention_scaling,
+            rope.rotary_dim / 2, rope.interleaved, slots.as<const int32_t>(), cache.data, T,
+            cache.dim(0) * cache.dim(1), int(H), int(dn), int(dr), int(rank)};
+  const int64_t warps = T * (H + 1);
+  TETRA_CHECK((warps + kWarps - 1) / kWarps <= INT32_MAX, op, ": too many heads for one launch");
+  launch_kernel(launch, mla_rope_cache_kernel, unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, a);
+  TETRA_CUDA_CHECK_LAUNCH(op);
+}
 
 void qk_norm_rope_kv_write(const KernelLaunch& launch, TensorView q, TensorView k, TensorView v, TensorView q_norm,
                            TensorView k_norm, float eps, TensorView positions, const RopeSpec& rope, TensorView slots,

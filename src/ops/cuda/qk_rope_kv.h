@@ -15,4 +15,13 @@ void qk_norm_rope_kv_write(const KernelLaunch& launch, TensorView q, TensorView 
                            TensorView k_norm, float eps, TensorView positions, const RopeSpec& rope, TensorView slots,
                            TensorView k_cache, TensorView v_cache);
 
+// Backend::mla_rope_cache_write: q [T, H, dn + dr] into q_nope [T, H, dn] and the rotated
+// q_rope [T, H, dr]; ckv [T, rank + dr] normalized (latent, weight kv_norm [rank]) and rotated
+// (its last dr) in place, then copied to `cache` at `slots` (negative: write nothing). One
+// warp per (token, head) and one per token's cache entry; each value is rounded where the
+// separate ops round it.
+void mla_rope_cache_write(const KernelLaunch& launch, TensorView q, TensorView q_nope, TensorView q_rope,
+                          TensorView ckv, TensorView kv_norm, float eps, TensorView positions, const RopeSpec& rope,
+                          TensorView slots, TensorView cache);
+
 }  // namespace tetra::ops::cuda
