@@ -147,8 +147,6 @@ class MlaMoeModel : public Model {
     TensorView q_nope = arena.alloc(act, {t, heads, dn});
     TensorView q_rope = arena.alloc(act, {t, heads, dr});
     TensorView ckv = arena.alloc(act, {t, rank + dr});
-    TensorView latent = arena.alloc(act, {t, rank});
-    TensorView k_rope = arena.alloc(act, {t, 1, dr});
     TensorView q_latent = arena.alloc(act, {t, heads, rank});
     TensorView o_latent = arena.alloc(act, {t, heads, rank});
     TensorView attn = arena.alloc(act, {t, heads, dv});
@@ -168,19 +166,11 @@ class MlaMoeModel : public Model {
       } else {
         b.linear(ctx, x, w.q, q);
       }
-      const TensorView q_rows = q.reshaped({t * heads, qk});
-      b.copy_columns(ctx, q_rows, 0, q_nope.reshaped({t * heads, dn}), 0, dn);
-      b.copy_columns(ctx, q_rows, dn, q_rope.reshaped({t * heads, dr}), 0, dr);
-      b.rope(ctx, q_rope, in.attn.positions, rope_.spec);
-      // The cache entry: normalized latent, then the rotated rope key.
+      // q as [nope | rotated rope] halves; the cache entry as the normalized latent, then the
+      // rotated rope key.
       b.linear(ctx, x, w.kv_a, ckv);
-      b.copy_columns(ctx, ckv, 0, latent, 0, rank);
-      b.copy_columns(ctx, ckv, rank, k_rope.reshaped({t, dr}), 0, dr);
-      b.rms_norm(ctx, latent, w.kv_a_norm, kLatentNormEps, latent);
-      b.rope(ctx, k_rope, in.attn.positions, rope_.spec);
-      b.copy_columns(ctx, latent, 0, ckv, 0, rank);
-      b.copy_columns(ctx, k_rope.reshaped({t, dr}), 0, ckv, rank, dr);
-      b.cache_write(ctx, ckv, in.attn, cache[l].k);
+      b.mla_rope_cache_write(ctx, q.reshaped({t, heads, qk}), q_nope, q_rope, ckv, w.kv_a_norm, kLatentNormEps,
+                             rope_.spec, in.attn, cache[l].k);
 
       TensorView chosen;
       if (w.indexer) {
