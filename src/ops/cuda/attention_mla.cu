@@ -247,36 +247,61 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
 
 // ---- split combine ----
 
-constexpr int kCombineThreads = 128;
+constexpr int kCombineThreads = 128;  // 4 dims each of rank 512
 constexpr int kMaxSplits = 1024;
 
+// Over the block, the same value in every thread; `scratch` holds a value per warp.
+template <bool kMax>
+__device__ __forceinline__ float combine_reduce(float v, float* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, u) : v + u;
+  }
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = scratch[0];
+#pragma unroll
+  for (int w = 1; w < kCombineThreads / 32; ++w) v = kMax ? fmaxf(v, scratch[w]) : v + scratch[w];
+  __syncthreads();  // scratch is reused
+  return v;
+}
+
 // One block per (token, head): out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i over the
-// splits with a key, in split order. The splits' weights are found once, in shared memory.
+// splits with a key, in split order. The splits' weights are found once, in parallel, into
+// shared memory; then each thread sums 4 dims of every split, 16-byte reads. Every order is
+// fixed: the result does not depend on timing.
 __global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const MlaArgs a) {
   pdl_wait();
   pdl_launch_dependents();
   __shared__ float weight[kMaxSplits];
-  __shared__ float s_inv;
+  __shared__ float scratch[kCombineThreads / 32];
   const int64_t out_row = blockIdx.x;
-  const int rank = a.p.rank, n = a.n_splits;
+  const int rank = a.p.rank, n = a.n_splits, tid = int(threadIdx.x);
   const float2* ml = a.partial_ml + out_row * n;
-  if (threadIdx.x == 0) {
-    float m_max = -INFINITY;
-    for (int i = 0; i < n; ++i) m_max = fmaxf(m_max, ml[i].x);
-    float l_sum = 0.0f;
-    for (int i = 0; i < n; ++i) {
-      weight[i] = ml[i].x == -INFINITY ? 0.0f : exp2_approx(ml[i].x - m_max);  // no key: nothing
-      l_sum += weight[i] * ml[i].y;
-    }
-    s_inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+  float m_max = -INFINITY;
+  for (int i = tid; i < n; i += kCombineThreads) m_max = fmaxf(m_max, ml[i].x);
+  m_max = combine_reduce<true>(m_max, scratch);
+  float l_sum = 0.0f;
+  for (int i = tid; i < n; i += kCombineThreads) {
+    const float2 v = ml[i];
+    const float w = v.x == -INFINITY ? 0.0f : exp2_approx(v.x - m_max);  // no key: nothing
+    weight[i] = w;
+    l_sum += w * v.y;
   }
-  __syncthreads();
+  l_sum = combine_reduce<false>(l_sum, scratch);  // its barriers publish the weights too
+  const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
   const float* acc = a.partial_acc + out_row * n * rank;
-  for (int d = int(threadIdx.x); d < rank; d += kCombineThreads) {
-    float o = 0.0f;
+  for (int d = 4 * tid; d < rank; d += 4 * kCombineThreads) {
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
-    for (int i = 0; i < n; ++i) o += weight[i] * acc[int64_t(i) * rank + d];
-    a.p.out[out_row * rank + d] = to_bf16(o * s_inv);
+    for (int i = 0; i < n; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(acc + int64_t(i) * rank + d);
+      const float w = weight[i];
+      o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
+    }
+    *reinterpret_cast<uint2*>(a.p.out + out_row * rank + d) =
+        make_uint2(pack_bf16x2(o.x * inv, o.y * inv), pack_bf16x2(o.z * inv, o.w * inv));
   }
 }
 
