@@ -27,8 +27,8 @@ from math import log2
 
 HBM = 4.24e12  # bytes/s, the H200's measured copy rate (docs/PERF.md)
 # Fraction of the byte floor one H200 reaches on the GLM-5 6-layer decode step at context
-# 4,096, by batch (docs/PERF.md: 54.7% at 1 and 70.4% at 64 at b38f3bb, 78.9% at 256 at b2453ab).
-MEASURED_FLOOR_FRACTION = {1: 0.547, 64: 0.704, 256: 0.789}
+# 4,096, by batch (docs/PERF.md: 56.8% at 1, 74.2% at 64 and 96.0% at 256 at aa4e72d).
+MEASURED_FLOOR_FRACTION = {1: 0.568, 64: 0.742, 256: 0.960}
 # Prefill rate: the NVFP4 MoE layer at T = 4,096 ran 276 TFLOP/s and attention prefill 174
 # (docs/PERF.md); most prefill FLOPs are the MoE's.
 PREFILL_FLOPS = 250e12
