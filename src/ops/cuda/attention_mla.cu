@@ -247,8 +247,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
 
 // ---- split combine ----
 
-constexpr int kCombineThreads = 128;  // 4 dims each of rank 512
+constexpr int kCombineThreads = 256;
+constexpr int kMaxCombineGroups = 16;
 constexpr int kMaxSplits = 1024;
+
+// How a combine block divides its work: `groups` threads share each 4 dims (float4 lane),
+// each summing every groups-th split, so that a row of many splits (one sequence, a long
+// context) has all of its partial sums in flight at once rather than one split after another.
+struct CombineShape {
+  int groups, lanes;  // threads a lane, lanes a block
+  int blocks_per_row;
+};
+
+CombineShape combine_shape(int n_splits, int rank) {
+  CombineShape c;
+  c.groups = 1;
+  while (c.groups * 2 <= std::min(kMaxCombineGroups, n_splits / 4)) c.groups *= 2;  // at least 4 splits a thread
+  c.lanes = std::min(kCombineThreads / c.groups, rank / 4);
+  c.blocks_per_row = rank / 4 / c.lanes;
+  return c;
+}
 
 // Over the block, the same value in every thread; `scratch` holds a value per warp.
 template <bool kMax>
@@ -261,48 +279,56 @@ __device__ __forceinline__ float combine_reduce(float v, float* scratch) {
   if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
   __syncthreads();
   v = scratch[0];
-#pragma unroll
-  for (int w = 1; w < kCombineThreads / 32; ++w) v = kMax ? fmaxf(v, scratch[w]) : v + scratch[w];
+  for (int w = 1; w < int(blockDim.x) / 32; ++w) v = kMax ? fmaxf(v, scratch[w]) : v + scratch[w];
   __syncthreads();  // scratch is reused
   return v;
 }
 
-// One block per (token, head): out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i over the
-// splits with a key, in split order. The splits' weights are found once, in parallel, into
-// shared memory; then each thread sums 4 dims of every split, 16-byte reads. Every order is
-// fixed: the result does not depend on timing.
-__global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const MlaArgs a) {
+// Block (row, chunk) of one (token, head) row: out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M)
+// l_i over the splits with a key. Every block finds the splits' weights, in parallel, into
+// shared memory; thread (group, lane) sums the float4 of dims `lane` of splits group, group +
+// groups, ...; then lane's groups are added in group order. Every order is fixed by the plan:
+// the result does not depend on timing.
+__global__ void __launch_bounds__(kCombineThreads) mla_combine_kernel(const MlaArgs a, CombineShape c) {
   pdl_wait();
   pdl_launch_dependents();
   __shared__ float weight[kMaxSplits];
   __shared__ float scratch[kCombineThreads / 32];
-  const int64_t out_row = blockIdx.x;
-  const int rank = a.p.rank, n = a.n_splits, tid = int(threadIdx.x);
+  __shared__ float4 part[kCombineThreads];
+  const int64_t out_row = blockIdx.x / c.blocks_per_row;
+  const int rank = a.p.rank, n = a.n_splits, tid = int(threadIdx.x), stride = int(blockDim.x);
   const float2* ml = a.partial_ml + out_row * n;
   float m_max = -INFINITY;
-  for (int i = tid; i < n; i += kCombineThreads) m_max = fmaxf(m_max, ml[i].x);
+  for (int i = tid; i < n; i += stride) m_max = fmaxf(m_max, ml[i].x);
   m_max = combine_reduce<true>(m_max, scratch);
   float l_sum = 0.0f;
-  for (int i = tid; i < n; i += kCombineThreads) {
+  for (int i = tid; i < n; i += stride) {
     const float2 v = ml[i];
     const float w = v.x == -INFINITY ? 0.0f : exp2_approx(v.x - m_max);  // no key: nothing
     weight[i] = w;
     l_sum += w * v.y;
   }
   l_sum = combine_reduce<false>(l_sum, scratch);  // its barriers publish the weights too
-  const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
-  const float* acc = a.partial_acc + out_row * n * rank;
-  for (int d = 4 * tid; d < rank; d += 4 * kCombineThreads) {
-    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int lane = tid % c.lanes, group = tid / c.lanes;
+  const int d = 4 * ((int(blockIdx.x) % c.blocks_per_row) * c.lanes + lane);
+  const float* acc = a.partial_acc + out_row * n * rank + d;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
-    for (int i = 0; i < n; ++i) {
-      const float4 v = *reinterpret_cast<const float4*>(acc + int64_t(i) * rank + d);
-      const float w = weight[i];
-      o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
-    }
-    *reinterpret_cast<uint2*>(a.p.out + out_row * rank + d) =
-        make_uint2(pack_bf16x2(o.x * inv, o.y * inv), pack_bf16x2(o.z * inv, o.w * inv));
+  for (int i = group; i < n; i += c.groups) {
+    const float4 v = *reinterpret_cast<const float4*>(acc + int64_t(i) * rank);
+    const float w = weight[i];
+    o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
   }
+  part[tid] = o;
+  __syncthreads();
+  if (group != 0) return;
+  for (int g = 1; g < c.groups; ++g) {
+    const float4 v = part[g * c.lanes + lane];
+    o.x += v.x, o.y += v.y, o.z += v.z, o.w += v.w;
+  }
+  const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+  *reinterpret_cast<uint2*>(a.p.out + out_row * rank + d) =
+      make_uint2(pack_bf16x2(o.x * inv, o.y * inv), pack_bf16x2(o.z * inv, o.w * inv));
 }
 
 // ---- fallback ----
@@ -709,7 +735,10 @@ void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void
     TETRA_CUDA_CHECK_LAUNCH("mla_attention tiled");
   }
   if (plan.n_splits > 1) {
-    launch_kernel(launch, mla_combine_kernel, unsigned(int64_t(p.n_tokens) * p.n_heads), kCombineThreads, 0, a);
+    const CombineShape c = combine_shape(plan.n_splits, p.rank);
+    const int64_t n_blocks = int64_t(p.n_tokens) * p.n_heads * c.blocks_per_row;
+    TETRA_CHECK(n_blocks <= INT_MAX, "mla_attention: ", p.n_tokens, " tokens x ", p.n_heads, " heads is too many");
+    launch_kernel(launch, mla_combine_kernel, unsigned(n_blocks), c.groups * c.lanes, 0, a, c);
     TETRA_CUDA_CHECK_LAUNCH("mla_attention combine");
   }
 }
