@@ -53,25 +53,33 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// kernel<<<grid, block, smem, l.stream>>>(args...), with PDL when l.pdl. Each argument is
-// converted to its parameter's type as a <<<>>> launch converts it; a failed launch throws
-// (and clears the runtime's last error, as TETRA_CUDA_CHECK_LAUNCH does).
+// kernel<<<grid, block, smem, l.stream>>>(args...), with PDL when l.pdl, and in clusters of
+// `cluster_x` consecutive blocks along x when it is above 1. Each argument is converted to its
+// parameter's type as a <<<>>> launch converts it; a failed launch throws (and clears the
+// runtime's last error, as TETRA_CUDA_CHECK_LAUNCH does).
 template <typename... Params, typename... Args>
-void launch_kernel(const KernelLaunch& l, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                   Args&&... args) {
+void launch_kernel_in_clusters(const KernelLaunch& l, unsigned cluster_x, void (*kernel)(Params...), dim3 grid,
+                               dim3 block, size_t smem, Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "launch_kernel: one argument per kernel parameter");
   static_assert((std::is_convertible_v<Args&&, Params> && ...),
                 "launch_kernel: an argument does not convert to its kernel parameter's type");
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n_attrs = 0;
+  if (l.pdl) {
+    attrs[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n_attrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_x > 1) {
+    attrs[n_attrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[n_attrs++].val.clusterDim = {cluster_x, 1, 1};
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = l.stream;
-  config.attrs = l.pdl ? &attr : nullptr;
-  config.numAttrs = l.pdl ? 1 : 0;
+  config.attrs = n_attrs ? attrs : nullptr;
+  config.numAttrs = n_attrs;
   // cudaLaunchKernelEx's template takes the kernel's parameter types and converts each
   // argument to its own (a copy of the right width is what the kernel reads).
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
@@ -79,6 +87,12 @@ void launch_kernel(const KernelLaunch& l, void (*kernel)(Params...), dim3 grid, 
     cudaGetLastError();
     fail("CUDA kernel launch failed: ", cudaGetErrorString(err));
   }
+}
+
+template <typename... Params, typename... Args>
+void launch_kernel(const KernelLaunch& l, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   Args&&... args) {
+  launch_kernel_in_clusters(l, 1, kernel, grid, block, smem, std::forward<Args>(args)...);
 }
 
 }  // namespace tetra::ops::cuda
