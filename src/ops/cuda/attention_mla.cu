@@ -435,11 +435,14 @@ MlaAttentionPlan make_plan(const MlaAttentionParams& p, int sm_count) {
   const int64_t cap = p.selected ? p.top_k : int64_t(p.max_blocks_per_seq) * p.block_size;
   const int64_t wanted = work >= target ? 1 : target / work;
   plan.n_splits = int(std::clamp<int64_t>(std::min(wanted, ceil_div(cap, kMinSplitKeys)), 1, kMaxSplits));
+  const int n = plan.n_splits;
+  plan.cluster_merge = plan.path == MlaAttentionPath::Wgmma && (n == 2 || n == 4 || n == 8) &&
+                       mla_wgmma_clusters_fit(n, work * n);
   return plan;
 }
 
 int64_t workspace_bytes(const MlaAttentionParams& p, const MlaAttentionPlan& plan, int64_t* ml_offset) {
-  if (plan.n_splits <= 1) return 0;
+  if (plan.n_splits <= 1 || plan.cluster_merge) return 0;
   const int64_t parts = int64_t(p.n_tokens) * p.n_heads * plan.n_splits;
   const int64_t acc = ceil_div(parts * p.rank * int64_t(sizeof(float)), 256) * 256;
   if (ml_offset) *ml_offset = acc;
@@ -707,6 +710,7 @@ void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void
   MlaArgs a{};
   a.p = p;
   a.n_splits = plan.n_splits;
+  a.cluster_merge = plan.cluster_merge;
   a.key_cap = int(std::min<int64_t>(int64_t(p.max_blocks_per_seq) * p.block_size, INT_MAX));
   a.scale_log2 = p.scale * kLog2e;
   if (need > 0) {
@@ -734,7 +738,7 @@ void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void
     launch_kernel(launch, tiled::mla_tiled_kernel, grid, tiled::kThreads, tiled::kSmemBytes, a);
     TETRA_CUDA_CHECK_LAUNCH("mla_attention tiled");
   }
-  if (plan.n_splits > 1) {
+  if (plan.n_splits > 1 && !plan.cluster_merge) {
     const CombineShape c = combine_shape(plan.n_splits, p.rank);
     const int64_t n_blocks = int64_t(p.n_tokens) * p.n_heads * c.blocks_per_row;
     TETRA_CHECK(n_blocks <= INT_MAX, "mla_attention: ", p.n_tokens, " tokens x ", p.n_heads, " heads is too many");

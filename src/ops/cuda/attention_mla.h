@@ -38,7 +38,10 @@ enum class MlaAttentionPath : uint8_t {
 struct MlaAttentionPlan {
   MlaAttentionPath path = MlaAttentionPath::Fallback;
   int n_row_tiles = 0;  // tiled: blocks along a group's rows (a sequence's, or one token's with `selected`)
-  int n_splits = 1;     // key ranges computed apart and merged by a second kernel
+  int n_splits = 1;     // key ranges computed apart, then merged
+  // wgmma: a row tile's splits run as one thread-block cluster and merge their results in
+  // distributed shared memory, with no partial results in memory and no second kernel.
+  bool cluster_merge = false;
 };
 
 MlaAttentionPlan mla_attention_plan(const MlaAttentionParams& p, int sm_count);

@@ -21,6 +21,7 @@ constexpr int kMinSplitKeys = kKeys;
 struct MlaArgs {
   MlaAttentionParams p;
   int n_splits;
+  bool cluster_merge;  // the splits of a row tile are one cluster (wgmma only)
   int key_cap;         // max_blocks_per_seq * block_size
   float scale_log2;    // scale * log2(e): the softmax runs on exp2
   float* partial_acc;  // [n_tokens, n_heads, n_splits, rank]
@@ -108,5 +109,8 @@ __device__ __forceinline__ int slot_of_key(const MlaArgs& a, const Work& w, int 
 // The wgmma kernel (attention_mla_wgmma.cu): 64 rows a block, gridDim as for the tiled one.
 constexpr int kWgmmaRows = 64;
 void launch_mla_wgmma(const KernelLaunch& launch, const MlaArgs& a, dim3 grid);
+// Whether every block of a wgmma grid of `blocks` fits the GPU at once in clusters of
+// `cluster` (2, 4 or 8): the splits of a row tile can then merge in the kernel.
+bool mla_wgmma_clusters_fit(int cluster, int64_t blocks);
 
 }  // namespace tetra::ops::cuda::mla

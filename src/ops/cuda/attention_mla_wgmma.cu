@@ -15,8 +15,12 @@
 //     accumulate their half of the output dims, O += P V, V being the first 512 values of the
 //     same tile read as an MN-major operand (m64n256k16, 4 k-steps).
 // Two barriers a tile: the tile has landed (and the previous one is consumed), and P is ready.
-// Splits leave (max, sum, unnormalized output) for the combine kernel, as the tiled kernel does.
+// Splits leave (max, sum, unnormalized output) for the combine kernel, as the tiled kernel does,
+// or, when a row tile's 2, 4 or 8 splits run as one cluster (the plan's cluster_merge), put
+// them in their shared memory, and each block merges its share of the rows from all of them.
 #include <cuda_bf16.h>
+
+#include <array>
 
 #include "ops/cuda/attention_mla_internal.cuh"
 #include "ops/cuda/cuda_check.h"
@@ -48,6 +52,67 @@ constexpr float kRescaleSlack = 8.0f;
 static_assert(kRows == kKeys, "Q and a key tile share one layout");
 static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
 static_assert(kKeys <= kThreads, "one thread finds each key's slot");
+// The cluster merge: a row of unnormalized outputs (f32) every kMergeStride floats over the
+// stages, so that the 8 rows a warp writes at once fall in different banks; (max, sum) over P.
+constexpr int kMergeStride = kRank + 4;
+constexpr int kMaxCluster = 8;
+static_assert(kRows * kMergeStride * 4 <= kStages * kTileBytes && kRows * 8 <= kRows * kKeys * 2,
+              "the merge's buffers fit the stages and P");
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// `addr` in the shared memory of block `rank` of this cluster.
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t addr, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float2 ld_cluster_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+// Block `split` of a cluster of n = a.n_splits writes the outputs of rows split * 64 / n ..:
+// out = sum_i 2^(m_i - M) o_i / sum_i 2^(m_i - M) l_i over the cluster's blocks, in block order
+// (as the combine kernel sums splits), from the buffers every block left in its shared memory.
+__device__ __forceinline__ void merge_cluster_rows(const MlaArgs& a, const Work& w, uint32_t o_smem, uint32_t ml_smem) {
+  const int n = a.n_splits, rows = kRows / n;
+  for (int item = int(threadIdx.x); item < rows * (kRank / 4); item += kThreads) {
+    const int row = w.split * rows + item / (kRank / 4), d = 4 * (item % (kRank / 4));
+    int token, head;
+    if (row_key_limit(a, w, w.row0 + row, token, head) < 0) continue;
+    float2 ml[kMaxCluster];
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kMaxCluster; ++i) {
+      if (i >= n) break;
+      ml[i] = ld_cluster_f2(cluster_addr(ml_smem + uint32_t(row * 8), i));
+      m_max = fmaxf(m_max, ml[i].x);
+    }
+    float l_sum = 0.0f;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int i = 0; i < kMaxCluster; ++i) {
+      if (i >= n) break;
+      const float wt = ml[i].x == -INFINITY ? 0.0f : exp2_approx(ml[i].x - m_max);  // no key: nothing
+      l_sum += wt * ml[i].y;
+      const float4 v = ld_cluster_f4(cluster_addr(o_smem + uint32_t((row * kMergeStride + d) * 4), i));
+      o.x += wt * v.x, o.y += wt * v.y, o.z += wt * v.z, o.w += wt * v.w;
+    }
+    const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+    *reinterpret_cast<uint2*>(a.p.out + (int64_t(token) * a.p.n_heads + head) * kRank + d) =
+        make_uint2(pack_bf16x2(o.x * inv, o.y * inv), pack_bf16x2(o.z * inv, o.w * inv));
+  }
+}
 
 // Copier t of kCopiers copies 16-byte unit c = t % 8 of every 128-byte column block of the
 // rows t / 8 + i kCopiers / 8: offsets fixed at compile time from one pointer a row. A warp
@@ -258,7 +323,25 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
         if (t4 == 0) sum_smem[local_row[r]] = l[r];
       }
     }
-    __syncthreads();  // the row sums
+    __syncthreads();  // the row sums; every MMA is done with the stages
+    if (a.cluster_merge) {
+      float* o_smem = reinterpret_cast<float*>(smem + kStageOffset);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int j = 0; j < kHalfDims / 8; ++j)
+          *reinterpret_cast<float2*>(o_smem + local_row[r] * kMergeStride + wg * kHalfDims + 8 * j + 2 * t4) =
+              make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+      if (wg == 0 && t4 == 0) {
+        float2* ml_smem = reinterpret_cast<float2*>(smem + kPOffset);
+        ml_smem[local_row[0]] = make_float2(m[0], l[0]);
+        ml_smem[local_row[1]] = make_float2(m[1], l[1]);
+      }
+      cluster_sync();  // every split's outputs are in its shared memory
+      merge_cluster_rows(a, w, base + kStageOffset, base + kPOffset);
+      cluster_sync();  // no block refills its shared memory, or exits, while another reads it
+      continue;
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       if (key_limit[r] < 0) continue;
@@ -286,13 +369,43 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
 
 }  // namespace
 
-void launch_mla_wgmma(const KernelLaunch& launch, const MlaArgs& a, dim3 grid) {
-  static const bool raised = [] {  // once per process (for the current device)
+namespace {
+// Once per process (for the current device): the kernel's shared memory allowed, and how many
+// clusters of 2, 4 and 8 of its blocks the GPU holds at once.
+const std::array<int, kMaxCluster + 1>& kernel_setup() {
+  static const std::array<int, kMaxCluster + 1> max_clusters = [] {
     TETRA_CUDA_CHECK(cudaFuncSetAttribute(mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
+    std::array<int, kMaxCluster + 1> m{};
+    for (int c = 2; c <= kMaxCluster; c *= 2) {
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim = {unsigned(c), 1, 1};
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(unsigned(c));
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = kSmemBytes;
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&m[size_t(c)], mla_wgmma_kernel, &config) != cudaSuccess) {
+        cudaGetLastError();
+        m[size_t(c)] = 0;
+      }
+    }
+    return m;
   }();
-  (void)raised;
-  launch_kernel(launch, mla_wgmma_kernel, grid, kThreads, kSmemBytes, a);
+  return max_clusters;
+}
+}  // namespace
+
+bool mla_wgmma_clusters_fit(int cluster, int64_t blocks) {
+  if (cluster < 2 || cluster > kMaxCluster || kRows % cluster != 0) return false;
+  return int64_t(kernel_setup()[size_t(cluster)]) * cluster >= blocks;
+}
+
+void launch_mla_wgmma(const KernelLaunch& launch, const MlaArgs& a, dim3 grid) {
+  kernel_setup();
+  launch_kernel_in_clusters(launch, a.cluster_merge ? unsigned(a.n_splits) : 1u, mla_wgmma_kernel, grid, kThreads,
+                            kSmemBytes, a);
   TETRA_CUDA_CHECK_LAUNCH("mla_attention wgmma");
 }
 
