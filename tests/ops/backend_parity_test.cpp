@@ -628,6 +628,17 @@ TEST_F(BackendParity, MlaAttentionDecodePrefillAndSelected) {
   mla_case(*this, {{1000, 1}, {0, 33}, {17, 1}, {250, 40}, {0, 1}, {2047, 1}, {5, 19}, {64, 64}, {999, 2}}, narrow,
            16, 0, "9 mixed sequences across block boundaries");
   mla_case(*this, {{30, 5}, {7, 1}}, tiny, 7, 0, "tiny fixture shape (fallback), block size 7");
+  // Batches split 8, 4 and 2 ways a row tile on 132 SMs; the splits merge inside a thread-block
+  // cluster where the GPU holds all the grid's clusters at once (on the H200: 2 and 4 a cluster),
+  // else in the combine kernel. Mixed lengths: some splits of the short sequences have no keys.
+  std::vector<SeqSpec> b16, b33, b64;
+  for (int s = 0; s < 16; ++s) b16.push_back({(s * 397) % 3000, 1});
+  for (int s = 0; s < 33; ++s) b33.push_back({(s * 211) % 1500, 1});
+  for (int s = 0; s < 64; ++s) b64.push_back({(s * 131) % 2500, 1});
+  mla_case(*this, b16, glm5, 64, 0, "GLM-5 decode, 16 mixed sequences (8 splits)");
+  mla_case(*this, b33, glm5, 64, 0, "GLM-5 decode, 33 mixed sequences (4 splits)");
+  mla_case(*this, b64, glm5, 64, 2048, "GLM-5 decode, 64 sequences over 2,048 selected keys (2 splits)");
+  mla_case(*this, {{200, 30}}, glm5, 64, 0, "GLM-5 prefill of 30 after 200 cached (30 row tiles, 4 splits)");
   mla_case(*this, {{4095, 1}, {100, 1}, {3, 1}}, glm5, 64, 2048, "GLM-5 decode over 2,048 selected keys");
   mla_case(*this, {{50, 40}}, narrow, 16, 32, "prefill over 32 selected keys per token");
   mla_case(*this, {{20, 3}, {0, 2}}, tiny, 4, 6, "tiny shape (fallback), 6 selected keys");

@@ -172,8 +172,9 @@ void time_mla(const char* name, int heads, int b, int ctx, int top_k) {
   const double keys = double(b) * (top_k > 0 ? top_k : ctx);
   const double bytes = keys * (kRank + kRope) * 2;
   const double flops = keys * heads * 2.0 * (kRank + kRope + kRank);
-  const char* path = plan.path == MlaAttentionPath::Wgmma ? "wgmma" : plan.path == MlaAttentionPath::Tiled ? "tiled" : "fallback";
-  std::printf("[mla timing] %-28s heads %3d %-5s splits %3d: %8.1f us (%.1f-%.1f), %5.0f GB/s of latent read, %5.1f TFLOP/s\n",
+  const char* path = plan.path == MlaAttentionPath::Wgmma ? (plan.cluster_merge ? "wgmma+cluster" : "wgmma")
+                     : plan.path == MlaAttentionPath::Tiled ? "tiled" : "fallback";
+  std::printf("[mla timing] %-28s heads %3d %-13s splits %3d: %8.1f us (%.1f-%.1f), %5.0f GB/s of latent read, %5.1f TFLOP/s\n",
               name, heads, path, plan.n_splits, us, t.min, t.max, bytes / us * 1e-3, flops / us * 1e-6);
 }
 
