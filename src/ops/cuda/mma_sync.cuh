@@ -13,6 +13,11 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
 }
 
+// 32-bit word w (0..3, known at compile time in unrolled code) of a 16-byte load.
+__device__ __forceinline__ uint32_t word(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
+}
+
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   // src-size 0 writes zeros: padded rows and dims, keys past the range (whose V could be
   // NaN garbage, and 0 * NaN would poison the P V product).

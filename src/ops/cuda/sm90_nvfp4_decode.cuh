@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/mma_sync.cuh"  // word
+
 namespace tetra::ops::cuda {
 
 // Weights are read once per work item: don't let them push the activations out of L1. Each
@@ -51,10 +53,6 @@ __device__ __forceinline__ void scale_pair_to_bf16x2(uint32_t s, uint32_t& s0, u
   __nv_bfloat162 b1 = __float2bfloat162_rn(f.y * 0x1p118f);
   s0 = *reinterpret_cast<uint32_t*>(&b0);
   s1 = *reinterpret_cast<uint32_t*>(&b1);
-}
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int w) {
-  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;
 }
 
 }  // namespace tetra::ops::cuda
