@@ -519,6 +519,86 @@ __global__ void __launch_bounds__(kScoreThreads) dsa_scores_kernel(const DsaArgs
   a.scores[int64_t(blockIdx.y) * a.key_cap + key] = score;
 }
 
+// The same scores on the tensor cores, for up to 8 kNTiles heads and 16 kKSteps dims (GLM-5:
+// 32 heads of 128). A warp takes 16 keys at a time, kScoreThreads / 4 a warp, as the A operand
+// of m16n8k16 (keys x dims) against Q as B (dims x heads), whose fragments stay in registers for
+// the block. The dims of a k-step are permuted alike in A and B (thread t4 holds the 16-byte
+// chunks t4, t4 + 4, ... of each row, two k-steps a chunk), so each row is read in whole 16-byte
+// pieces; a dot product does not care in which order its dims come. Each thread then sums its
+// 2 heads of every n-tile, relu'd and weighted, and the quad adds its 4 partial sums: a sum in
+// another order than the CPU's, so scores differ from it by f32 roundings.
+template <int kNTiles, int kKSteps>
+__global__ void __launch_bounds__(128) dsa_scores_mma_kernel(const DsaArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  constexpr int kChunks = kKSteps / 2;  // 16-byte chunks a thread holds of a row
+  constexpr int kGroups = kScoreThreads / 4 / 16;
+  const DsaSelectParams& p = a.p;
+  const int token = a.token0 + int(blockIdx.y);
+  const int n_keys = min(p.positions[token] + 1, a.key_cap);
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
+  const int key0 = int(blockIdx.x) * kScoreThreads + warp * (kScoreThreads / 4);
+  if (key0 >= n_keys) return;
+  uint4 qv[kNTiles][kChunks];
+  float w[kNTiles][2];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    const int head = nt * 8 + g;
+    const uint4* q = reinterpret_cast<const uint4*>(p.q + (int64_t(token) * p.n_heads + head) * p.dim);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) qv[nt][j] = head < p.n_heads ? q[t4 + 4 * j] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int h = nt * 8 + 2 * t4 + e;
+      w[nt][e] = h < p.n_heads ? p.weights[int64_t(token) * p.n_heads + h] * p.weight_scale : 0.0f;
+    }
+  }
+  const int seq = sequence_of(p.seq_starts, p.n_seqs, token);
+  float* out = a.scores + int64_t(blockIdx.y) * a.key_cap;
+#pragma unroll 1
+  for (int grp = 0; grp < kGroups; ++grp) {
+    const int base = key0 + grp * 16;
+    if (base >= n_keys) break;
+    uint4 kv[2][kChunks];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = base + g + 8 * r;
+      const bool valid = key < n_keys;
+      const uint4* k = reinterpret_cast<const uint4*>(
+          p.index_k +
+          (valid ? int64_t(cache_slot(p.block_tables, p.max_blocks_per_seq, p.block_size, seq, key)) * p.dim : 0));
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) kv[r][j] = valid ? k[t4 + 4 * j] : make_uint4(0, 0, 0, 0);
+    }
+    float d[kNTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const uint32_t a_frag[4] = {word(kv[0][j], 2 * e), word(kv[1][j], 2 * e), word(kv[0][j], 2 * e + 1),
+                                    word(kv[1][j], 2 * e + 1)};
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+          mma_bf16_16x8x16(d[nt], a_frag, word(qv[nt][j], 2 * e), word(qv[nt][j], 2 * e + 1));
+      }
+    float score[2] = {0.0f, 0.0f};  // keys g and g + 8
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) score[r] += fmaxf(0.0f, d[nt][2 * r + e] * p.q_scale) * w[nt][e];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      score[r] = quad_sum(score[r]);
+      const int key = base + g + 8 * r;
+      if (t4 == r && key < n_keys) out[key] = score[r];
+    }
+  }
+}
+
 // Larger floats give larger keys (negative ones flipped whole, positive ones above them).
 __device__ __forceinline__ uint32_t order_key(float f) {
   const uint32_t u = __float_as_uint(f);
@@ -796,11 +876,20 @@ void dsa_select(const KernelLaunch& launch, const DsaSelectParams& p, void* work
   a.survivor_score = reinterpret_cast<float*>(base + int64_t(l.group) * l.cap * 4);
   a.survivor_pos = reinterpret_cast<int32_t*>(a.survivor_score + survivors);
   a.survivor_count = a.survivor_pos + survivors;
+  // The tensor-core scores for GLM-5's indexer (32 heads of 128 dims) and the small fixtures'
+  // indexers (8 heads of 32); a thread a key on the CUDA cores otherwise.
+  void (*scores_mma)(DsaArgs) = nullptr;
+  if (aligned16(p.q) && p.n_heads > 24 && p.n_heads <= 32 && p.dim == 128) scores_mma = dsa_scores_mma_kernel<4, 8>;
+  if (aligned16(p.q) && p.n_heads <= 8 && p.dim == 32) scores_mma = dsa_scores_mma_kernel<1, 2>;
   for (int t0 = 0; t0 < p.n_tokens; t0 += l.group) {
     const int n = std::min(l.group, p.n_tokens - t0);
     a.token0 = t0;
-    launch_kernel(launch, dsa_scores_kernel, dim3(unsigned(ceil_div(l.cap, kScoreThreads)), unsigned(n)), kScoreThreads,
-                  smem, a);
+    const dim3 grid(unsigned(ceil_div(l.cap, kScoreThreads)), unsigned(n));
+    if (scores_mma) {
+      launch_kernel(launch, scores_mma, grid, 128, 0, a);
+    } else {
+      launch_kernel(launch, dsa_scores_kernel, grid, kScoreThreads, smem, a);
+    }
     TETRA_CUDA_CHECK_LAUNCH("dsa_select scores");
     launch_kernel(launch, dsa_slice_top_k_kernel, dim3(unsigned(l.n_slices), unsigned(n)), kSelectThreads, 0, a);
     TETRA_CUDA_CHECK_LAUNCH("dsa_select slice top-k");
