@@ -441,9 +441,18 @@ MlaAttentionPlan make_plan(const MlaAttentionParams& p, int sm_count) {
   return plan;
 }
 
-int64_t workspace_bytes(const MlaAttentionParams& p, const MlaAttentionPlan& plan, int64_t* ml_offset) {
-  if (plan.n_splits <= 1 || plan.cluster_merge) return 0;
-  const int64_t parts = int64_t(p.n_tokens) * p.n_heads * plan.n_splits;
+// The split partials take n_tokens x heads x splits rows, and the plan splits only as far as
+// one wave of blocks: at most SMs x (rows a block) rows, whatever the step. Every step asks for
+// that bound, so that the measuring pass at the largest steps sizes the arena for the smaller
+// ones, which split more.
+int64_t partial_rows_bound(const MlaAttentionPlan& plan, int sm_count) {
+  if (plan.path == MlaAttentionPath::Fallback) return 0;
+  return int64_t(kTargetBlocksPerSm) * sm_count * (plan.path == MlaAttentionPath::Wgmma ? kWgmmaRows : tiled::kRows);
+}
+
+int64_t workspace_bytes(const MlaAttentionParams& p, const MlaAttentionPlan& plan, int sm_count, int64_t* ml_offset) {
+  const int64_t parts = partial_rows_bound(plan, sm_count);
+  if (parts == 0) return 0;
   const int64_t acc = ceil_div(parts * p.rank * int64_t(sizeof(float)), 256) * 256;
   if (ml_offset) *ml_offset = acc;
   return acc + parts * int64_t(sizeof(float2));
@@ -776,7 +785,7 @@ __global__ void __launch_bounds__(kSelectThreads) dsa_final_top_k_kernel(const D
 MlaAttentionPlan mla_attention_plan(const MlaAttentionParams& p, int sm_count) { return make_plan(p, sm_count); }
 
 int64_t mla_attention_workspace_bytes(const MlaAttentionParams& p, int sm_count) {
-  return workspace_bytes(p, make_plan(p, sm_count), nullptr);
+  return workspace_bytes(p, make_plan(p, sm_count), sm_count, nullptr);
 }
 
 void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void* workspace, int64_t workspace_size,
@@ -784,7 +793,9 @@ void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void
   if (p.n_tokens == 0) return;
   const MlaAttentionPlan plan = make_plan(p, sm_count);
   int64_t ml_offset = 0;
-  const int64_t need = workspace_bytes(p, plan, &ml_offset);
+  const int64_t need = workspace_bytes(p, plan, sm_count, &ml_offset);
+  TETRA_CHECK(plan.n_splits == 1 || int64_t(p.n_tokens) * p.n_heads * plan.n_splits <= partial_rows_bound(plan, sm_count),
+              "mla_attention: ", plan.n_splits, " splits of ", p.n_tokens, " tokens overflow the partials' bound");
   TETRA_CHECK(workspace_size >= need && (need == 0 || (workspace && aligned16(workspace))),
               "mla_attention: needs ", need, " bytes of 16-byte aligned workspace, got ", workspace_size);
   MlaArgs a{};
