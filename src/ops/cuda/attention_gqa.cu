@@ -646,10 +646,6 @@ TileGeometry tile_geometry(int d, bool decode) {
   }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 void check_params(const PagedAttentionParams& p, int sm_count) {
   TETRA_CHECK(p.n_tokens > 0, "paged_attention: n_tokens is ", p.n_tokens);
   TETRA_CHECK(p.n_seqs >= 1 && p.n_seqs <= 65535, "paged_attention: n_seqs must be 1..65535, not ", p.n_seqs);

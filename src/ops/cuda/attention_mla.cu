@@ -384,9 +384,6 @@ __global__ void __launch_bounds__(kFallbackWarps * 32) mla_fallback_kernel(const
 
 constexpr int kTargetBlocksPerSm = 1;  // a tiled block takes a whole SM
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 void check_params(const MlaAttentionParams& p) {
   TETRA_CHECK(p.n_seqs >= 1 && p.n_seqs <= 65535, "mla_attention: n_seqs must be 1..65535, not ", p.n_seqs);
   TETRA_CHECK(p.n_heads >= 1 && p.rank >= 1 && p.d_rope >= 0,

@@ -22,9 +22,6 @@ namespace {
 
 using namespace mla;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 constexpr int kScoreThreads = 256;  // keys per scores block
 constexpr int kMaxIndexHeads = 64;
 constexpr int kSelectThreads = 1024;

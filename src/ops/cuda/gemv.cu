@@ -75,8 +75,6 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Parts parts, co
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <int kTokens>
 void launch_gemv(const KernelLaunch& launch, const Parts& parts, TensorView x, DType odt, int64_t n_in) {
   launch_kernel(launch, gemv_kernel<kTokens>, unsigned((parts.rows + kWarps - 1) / kWarps), kWarps * 32, 0, parts,

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "ops/ops.h"
 
 namespace tetra::ops::cuda {
@@ -16,6 +18,11 @@ struct KernelLaunch {
   // exited), and waits inside itself (pdl_wait) for the predecessor's completion and memory.
   bool pdl = false;
 };
+
+// A launcher's arithmetic: blocks to cover `a` items `b` at a time, and whether a pointer
+// takes 16-byte vector accesses.
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The launch an op gets from its context: ctx's stream, PDL where the backend turned it on.
 inline KernelLaunch kernel_launch(const Context& ctx) {
