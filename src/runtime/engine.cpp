@@ -41,6 +41,8 @@ void check_config(const EngineConfig& c, const ModelConfig& m) {
   TETRA_CHECK(c.num_continuous_decode_steps >= 1, "--num-continuous-decode-steps must be at least 1");
   TETRA_CHECK(c.mem_fraction_static > 0 && c.mem_fraction_static <= 1,
               "--mem-fraction-static must be in (0, 1], not ", c.mem_fraction_static);
+  TETRA_CHECK(!(c.bench_skip_prompt_forward && c.enable_prefix_caching),
+              "skipping the prompts' forward needs the prefix cache off: their random blocks are no prefix");
   TETRA_CHECK(c.cuda_graph_max_bs >= 1, "--cuda-graph-max-bs must be at least 1, not ", c.cuda_graph_max_bs);
   TETRA_CHECK(c.max_context >= 0 && c.max_context <= m.max_position_embeddings, "--context-length ",
               c.max_context, " is more than the model's context of ", m.max_position_embeddings,
@@ -87,9 +89,13 @@ struct Engine::Impl {
         builder(rank_steps.builder()), sampler(backend, capacity.max_seqs),
         logits_buf(backend.alloc(DType::F32, {capacity.max_seqs, vocab})),
         n_blocks(prepare()),
-        cache(r, config.block_size, n_blocks),
+        cache(r, config.block_size, n_blocks,
+              config.bench_skip_prompt_forward ? std::optional<uint64_t>(0x6b76) : std::nullopt),
         blocks(n_blocks, config.block_size, config.enable_prefix_caching),
-        scheduler({config.max_running_requests, config.chunked_prefill_size}, blocks) {
+        scheduler({.max_running_requests = config.max_running_requests,
+                   .chunked_prefill_size = config.chunked_prefill_size,
+                   .skip_prompt_forward = config.bench_skip_prompt_forward},
+                  blocks) {
     fit_context_to_kv_cache();
     config.max_context = max_context;
     capture_decode_graphs();

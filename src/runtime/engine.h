@@ -53,6 +53,12 @@ struct EngineConfig {
   // Tests only: decode steps are padded to the graph batch sizes as a replay pads them, but
   // run eagerly, on any backend (what a replay must match).
   bool testing_eager_decode_graphs = false;
+  // Benchmarks only (`tetra bench decode --skip-prefill`): the KV cache starts random rather
+  // than zeroed, and a prompt's tokens but its last count as computed when it is first
+  // admitted: their blocks hold those random values, and only the last token runs. A long
+  // context is then ready in one step, at the same cost per decode step; its tokens mean
+  // nothing.
+  bool bench_skip_prompt_forward = false;
 };
 
 struct RequestParams {

@@ -10,23 +10,32 @@ int64_t kv_bytes_per_block(const std::vector<model::KvLayerShape>& layout, int b
 }
 
 KvCache::KvCache(ops::Backend& backend, const std::vector<model::KvLayerShape>& layout,
-                 int block_size, int64_t n_blocks)
+                 int block_size, int64_t n_blocks, std::optional<uint64_t> random_seed)
     : block_size_(block_size), n_blocks_(n_blocks) {
   TETRA_CHECK(block_size > 0 && n_blocks > 0, "the KV cache needs at least one block");
   const DType dt = backend.kv_dtype();
+  // Zeros, so a padding row that reads a block nobody wrote yet (a graph-sized decode
+  // batch's) sees finite values. Random values are N(0, 1), a normed latent's scale; an
+  // 8-bit cache gets E4M3 bytes 0x28..0x3f (0.25 to 1.875), none of them NaN.
+  auto make = [&](Shape shape) {
+    if (!random_seed) {
+      auto b = backend.alloc(dt, shape);
+      backend.fill_zero(b->view());
+      return b;
+    }
+    const ops::RandomFill fill = dtype_bits(dt) == 8
+                                     ? ops::RandomFill{.kind = ops::RandomFill::Bytes, .lo = 0x28, .span = 0x18}
+                                     : ops::RandomFill{.kind = ops::RandomFill::Normal, .scale = 1.0f};
+    return backend.random_tensor(dt, shape, fill, (*random_seed)++);
+  };
   for (const auto& l : layout) {
-    auto k = backend.alloc(dt, {n_blocks, block_size, l.n_kv_heads, l.k_dim});
-    auto v = backend.alloc(dt, {n_blocks, block_size, l.n_kv_heads, l.v_dim});
-    // Zeros, so a padding row that reads a block nobody wrote yet (a graph-sized decode
-    // batch's) sees finite values.
-    backend.fill_zero(k->view());
-    backend.fill_zero(v->view());
+    auto k = make({n_blocks, block_size, l.n_kv_heads, l.k_dim});
+    auto v = make({n_blocks, block_size, l.n_kv_heads, l.v_dim});
     ops::KvCacheLayer layer{k->view(), v->view(), {}, l.k_scale, l.v_scale};
     storage_.push_back(std::move(k));
     storage_.push_back(std::move(v));
     if (l.index_dim > 0) {
-      auto index_k = backend.alloc(dt, {n_blocks, block_size, 1, l.index_dim});
-      backend.fill_zero(index_k->view());
+      auto index_k = make({n_blocks, block_size, 1, l.index_dim});
       layer.index_k = index_k->view();
       storage_.push_back(std::move(index_k));
     }

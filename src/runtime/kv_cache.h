@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/model.h"
@@ -17,8 +18,10 @@ int64_t kv_bytes_per_block(const std::vector<model::KvLayerShape>& layout, int b
 
 class KvCache {
  public:
+  // Zeroed; or, with random_seed (benchmarks only), random values of the cache's scale, as
+  // if every block held some prompt's keys and values.
   KvCache(ops::Backend& backend, const std::vector<model::KvLayerShape>& layout, int block_size,
-          int64_t n_blocks);
+          int64_t n_blocks, std::optional<uint64_t> random_seed = std::nullopt);
 
   int block_size() const { return block_size_; }
   int64_t n_blocks() const { return n_blocks_; }

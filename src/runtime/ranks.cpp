@@ -82,9 +82,11 @@ std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const o
   return std::make_unique<ModelRanks>(std::move(backends), std::move(models), std::move(comms));
 }
 
-RankCaches::RankCaches(const ModelRanks& ranks, int block_size, int64_t n_blocks) {
+RankCaches::RankCaches(const ModelRanks& ranks, int block_size, int64_t n_blocks,
+                       std::optional<uint64_t> random_seed) {
   for (int r = 0; r < ranks.size(); ++r)
-    caches_.push_back(std::make_unique<KvCache>(ranks.backend(r), ranks.model(r).kv_layout(), block_size, n_blocks));
+    caches_.push_back(std::make_unique<KvCache>(ranks.backend(r), ranks.model(r).kv_layout(), block_size, n_blocks,
+                                                random_seed));
 }
 
 RankSteps::RankSteps(ModelRanks& ranks, int block_size, StepCapacity capacity) : ranks_(ranks) {

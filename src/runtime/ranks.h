@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/model.h"
@@ -66,7 +67,9 @@ std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const o
 // one block numbering for all.
 class RankCaches {
  public:
-  RankCaches(const ModelRanks& ranks, int block_size, int64_t n_blocks);
+  // random_seed: see KvCache (benchmarks only).
+  RankCaches(const ModelRanks& ranks, int block_size, int64_t n_blocks,
+             std::optional<uint64_t> random_seed = std::nullopt);
   int block_size() const { return caches_.front()->block_size(); }
   int64_t n_blocks() const { return caches_.front()->n_blocks(); }
   const std::vector<ops::KvCacheLayer>& layers(int rank = 0) const { return caches_[size_t(rank)]->layers(); }

@@ -106,6 +106,7 @@ std::vector<ScheduledChunk> Scheduler::schedule() {
     // At least one token must run to produce logits, so the last one is never matched.
     const int64_t matched = blocks_.match_prefix(r->tokens, (r->n_tokens() - 1) / bs, r->table);
     r->n_computed = matched * bs;
+    if (config_.skip_prompt_forward && r->preemptions == 0) r->n_computed = r->n_tokens() - 1;
     const int64_t n = std::min(r->n_uncomputed(), budget);
     const int64_t need = blocks_.blocks_for(r->n_computed + n) - int64_t(r->table.blocks.size());
     const int64_t whole = blocks_to_next_token(*r);

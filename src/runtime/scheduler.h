@@ -19,6 +19,9 @@ namespace tetra::runtime {
 struct SchedulerConfig {
   int max_running_requests = 64;
   int64_t chunked_prefill_size = 512;  // prompt tokens per step at most (decodes not counted)
+  // Benchmarks only (EngineConfig::bench_skip_prompt_forward): on first admission a prompt's
+  // tokens but its last count as computed, their blocks allocated, so only the last one runs.
+  bool skip_prompt_forward = false;
 };
 
 struct ScheduledChunk {

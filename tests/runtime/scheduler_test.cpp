@@ -70,6 +70,27 @@ TEST(Scheduler, PrefillChunksStayWithinTheBudgetAndDecodesRideAlong) {
   EXPECT_LE(prompt_tokens_in(s4), 5);
 }
 
+// `tetra bench decode --skip-prefill`: a prompt is admitted with all its blocks and only its
+// last token to run; one preempted recomputes everything, as any other does.
+TEST(Scheduler, SkippedPromptForwardRunsOnlyTheLastToken) {
+  Fixture f(64, 4, {.max_running_requests = 8, .chunked_prefill_size = 5, .skip_prompt_forward = true});
+  Request* a = f.add(30);
+  Request* b = f.add(9);
+  auto s1 = f.step();
+  ASSERT_EQ(s1.size(), 2u);
+  for (const auto& c : s1) {
+    EXPECT_EQ(c.n_tokens, 1);
+    EXPECT_TRUE(c.want_logits);
+  }
+  EXPECT_EQ(a->table.blocks.size(), 8u);  // 31 tokens by the next step: 8 blocks of 4
+  EXPECT_EQ(b->table.blocks.size(), 3u);
+  EXPECT_EQ(a->n_computed, 30);
+  auto s2 = f.step();
+  ASSERT_EQ(s2.size(), 2u);
+  EXPECT_EQ(s2[0].n_tokens, 1);  // decodes
+  EXPECT_EQ(s2[1].n_tokens, 1);
+}
+
 TEST(Scheduler, RunningCapHoldsTheRestInTheQueue) {
   Fixture f(64, 4, {.max_running_requests = 2, .chunked_prefill_size = 100});
   for (int i = 0; i < 4; ++i) f.add(3);
