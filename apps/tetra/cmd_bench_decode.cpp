@@ -71,6 +71,7 @@ double step_floor_bytes(const model::Model& m, int64_t batch, int64_t context, D
 struct Row {
   int64_t batch = 0, context = 0;
   StepTimes served, eager;
+  double fill_s = 0;  // the prompts' prefill, to every sequence's first token
   double floor_s = 0;
   std::map<OpClass, double> by_class;  // seconds a step
   double ops_s = 0;                    // all ops a step
@@ -80,11 +81,12 @@ struct Row {
 
 using OpTimes = std::map<std::string, runtime::OpTime>;
 
-// Runs `batch` requests of `context` random prompt tokens to their first token, then times
-// `steps` decode steps one by one; with `prof`, profiles `profile_steps` more, one map each.
+// Runs `batch` requests of `context` random prompt tokens to their first token (the seconds
+// that took in *fill_s), then times `steps` decode steps one by one; with `prof`, profiles
+// `profile_steps` more, one map each.
 StepTimes run_engine(model::Model& m, ops::Backend& b, runtime::EngineConfig config, int64_t batch, int64_t context,
                      int steps, runtime::ProfilingBackend* prof, int profile_steps, int64_t* graph_steps,
-                     std::vector<OpTimes>* profiled = nullptr) {
+                     double* fill_s, std::vector<OpTimes>* profiled = nullptr) {
   config.max_running_requests = int(batch);
   config.enable_prefix_caching = false;
   const int64_t new_tokens = 2 + steps + profile_steps;
@@ -108,7 +110,9 @@ StepTimes run_engine(model::Model& m, ops::Backend& b, runtime::EngineConfig con
   auto all_started = [&] {
     return std::all_of(generated.begin(), generated.end(), [](const auto& g) { return g.second >= 1; });
   };
+  const auto fill_start = std::chrono::steady_clock::now();
   while (!all_started()) TETRA_CHECK(engine.step(), "bench decode: the engine stopped before every prompt ran");
+  if (fill_s) *fill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - fill_start).count();
   const int64_t graph_steps_before = engine.stats().graph_steps;
   std::vector<double> t;
   for (int i = 0; i < steps; ++i) {
@@ -154,7 +158,7 @@ int cmd_bench_decode(int argc, char** argv) {
   int64_t context = 1024;
   int steps = 50, profile_steps = 5;
   double bandwidth_tbs = 4.24;
-  bool verbose = false;
+  bool verbose = false, skip_prefill = false;
   runtime::EngineConfig config;
   config.chunked_prefill_size = 4096;  // fills the batch's prompts in fewer steps than serving's 512
   app.add_option("--model", model_dir, "model folder (config.json; safetensors unless --load-format dummy)")
@@ -176,6 +180,9 @@ int cmd_bench_decode(int argc, char** argv) {
   app.add_option("--chunked-prefill-size", config.chunked_prefill_size, "prompt tokens per step while filling")
       ->check(CLI::Range(int64_t(16), int64_t(1) << 24))
       ->capture_default_str();
+  app.add_flag("--skip-prefill", skip_prefill,
+               "leave the prompts' KV cache random instead of running them (long contexts at once; no prefill "
+               "figure, and the tokens mean nothing)");
   app.add_flag("--disable-cuda-graph", config.disable_cuda_graph, "time eager decode steps, without CUDA graphs");
   app.add_option("--json", json_path, "also write the figures as JSON to FILE");
   app.add_flag("--verbose", verbose, "also list the slowest ops of each batch size");
@@ -186,6 +193,7 @@ int cmd_bench_decode(int argc, char** argv) {
   }
   try {
     const std::vector<int64_t> batch_sizes = parse_list(batches, "--batch");
+    config.bench_skip_prompt_forward = skip_prefill;
     auto prof = std::make_unique<runtime::ProfilingBackend>(ops::make_backend(backend_options(dev)));
     std::fprintf(stderr, "tetra bench decode: backend %s\n", prof->name().c_str());
     model::LoadOptions options;
@@ -202,12 +210,13 @@ int cmd_bench_decode(int argc, char** argv) {
       Row r;
       r.batch = batch;
       r.context = context;
-      r.served = run_engine(*model, *prof, config, batch, context, steps, nullptr, 0, &r.graph_steps);
+      r.served = run_engine(*model, *prof, config, batch, context, steps, nullptr, 0, &r.graph_steps, &r.fill_s);
       if (profile_steps > 0) {
         runtime::EngineConfig eager = config;
         eager.disable_cuda_graph = true;
         std::vector<OpTimes> profiled;
-        r.eager = run_engine(*model, *prof, eager, batch, context, steps, prof.get(), profile_steps, nullptr, &profiled);
+        r.eager = run_engine(*model, *prof, eager, batch, context, steps, prof.get(), profile_steps, nullptr, nullptr,
+                             &profiled);
         // Each op's median over the profiled steps (one stray wait does not skew it).
         for (const auto& [name, first] : profiled.front()) {
           std::vector<double> t;
@@ -250,6 +259,15 @@ int cmd_bench_decode(int argc, char** argv) {
           std::printf("       %-32s %6lld calls %9.3f ms a step\n", r.top[i].first.c_str(),
                       (long long)r.top[i].second.calls, r.top[i].second.seconds * 1e3);
     }
+    std::printf("prefill (the prompts to their first tokens, %lld tokens a step at most):", (long long)config.chunked_prefill_size);
+    if (skip_prefill) {
+      std::printf(" skipped (--skip-prefill: the cache holds random values)\n");
+    } else {
+      for (const Row& r : rows)
+        std::printf("%s batch %lld %.1f ms (%.0f tok/s)", &r == &rows.front() ? "" : ";", (long long)r.batch,
+                    r.fill_s * 1e3, double(r.batch * r.context) / r.fill_s);
+      std::printf("\n");
+    }
     if (profile_steps > 0)
       std::printf("breakdown: ms a step of the eager profiling pass (each op's median over the profiled steps), each "
                   "op timed between two waits for the device (%.1f us a wait taken off); gaps = eager step - its ops\n",
@@ -267,6 +285,10 @@ int cmd_bench_decode(int argc, char** argv) {
                             {"floor_ms", r.floor_s * 1e3},
                             {"floor_fraction", r.floor_s / r.served.median},
                             {"graph_steps", r.graph_steps}};
+        if (!skip_prefill) {
+          o["prefill_ms"] = r.fill_s * 1e3;
+          o["prefill_tokens_per_s"] = double(r.batch * r.context) / r.fill_s;
+        }
         if (profile_steps > 0) {
           o["eager_step_ms_median"] = r.eager.median * 1e3;
           nlohmann::json br;

@@ -470,6 +470,31 @@ TEST(Cli, HfOverridesWithDummyWeights) {
   EXPECT_NE(r.err.find(R"(--hf-overrides {"num_hidden_layers":2})"), std::string::npos) << r.err;
 }
 
+// bench decode reports its prompts' prefill; with --skip-prefill the cache is random and the
+// steps still run (the DSA fixture: its indexer reads the random index keys too).
+TEST(Cli, BenchDecodeReportsPrefillOrSkipsIt) {
+  const std::string dsa = (fs::path(TETRA_SOURCE_DIR) / "tests/fixtures/glm_moe_dsa-tiny").string();
+  const fs::path json = fs::temp_directory_path() / ("tetra_bench_decode_" + std::to_string(::getpid()) + ".json");
+  for (const bool skip : {false, true}) {
+    SCOPED_TRACE(skip ? "--skip-prefill" : "prefill");
+    const auto r = run_cli("bench decode --model " + dsa + " --batch 1,3 --context 40 --steps 3 --profile-steps 0 " +
+                           (skip ? "--skip-prefill " : "") + "--json " + json.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find(skip ? "prefill (the prompts to their first tokens, 4096 tokens a step at most): skipped"
+                              : "batch 3 "),
+              std::string::npos)
+        << r.out;
+    std::ifstream in(json);
+    const auto rows = nlohmann::json::parse(in);
+    ASSERT_EQ(rows.size(), 2u);
+    for (const auto& row : rows) {
+      EXPECT_GT(row["step_ms_median"].get<double>(), 0);
+      EXPECT_EQ(row.contains("prefill_tokens_per_s"), !skip);
+    }
+  }
+  fs::remove(json);
+}
+
 TEST(Cli, HfOverridesLoadOnlyTheLayersLeft) {
   for (const char* fixture : {"deepseek_v3-tiny", "deepseek_v3-tiny-nvfp4"}) {
     SCOPED_TRACE(fixture);
