@@ -739,6 +739,8 @@ TEST_F(BackendParity, DsaSelectAboveAndBelowTopK) {
   dsa_case(*this, {{3000, 1}}, 4, 64, 100, 16, true, "3,001 equal keys: the first 100");
   dsa_case(*this, {{39999, 1}}, 4, 64, 100, 64, true, "40,000 equal keys over 3 slices: the first 100");
   dsa_case(*this, {{131071, 1}}, 32, 128, 2048, 64, false, "GLM-5 decode at 128k (8 slices)");
+  // More survivors than a block holds in registers: the final stage reads them from memory.
+  dsa_case(*this, {{163839, 1}}, 4, 64, 2048, 64, false, "160k keys: 10 slices, 20,480 survivors");
   dsa_case(*this, {{20, 3}, {0, 2}}, 8, 32, 4, 7, false, "tiny fixture shape, block size 7");
 }
 

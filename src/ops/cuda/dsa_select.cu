@@ -183,11 +183,8 @@ struct ScoreSlice {
   const float* scores;
   int begin, end;
   __device__ int size() const { return end - begin; }
-  __device__ bool get(int i, float& score, int32_t& pos) const {
-    score = scores[begin + i];
-    pos = begin + i;
-    return true;
-  }
+  __device__ float score(int i) const { return scores[begin + i]; }
+  __device__ int32_t position(int i) const { return begin + i; }
 };
 struct Survivors {
   const float* scores;
@@ -195,22 +192,51 @@ struct Survivors {
   const int* starts;  // [n_slices + 1]: where each slice's survivors begin, packed (shared memory)
   int top_k, n_slices;
   __device__ int size() const { return starts[n_slices]; }
-  __device__ bool get(int i, float& score, int32_t& pos) const {
+  __device__ int at(int i) const {
     int c = 0;
     while (starts[c + 1] <= i) ++c;
-    const int at = c * top_k + (i - starts[c]);
-    score = scores[at];
-    pos = positions[at];
-    return true;
+    return c * top_k + (i - starts[c]);
   }
+  __device__ float score(int i) const { return scores[at(i)]; }
+  __device__ int32_t position(int i) const { return positions[at(i)]; }
 };
+
+// Keys a thread of block_top_k holds in registers (key j = c * kSelectThreads + tid in slot
+// c) when the block's keys are no more than kSliceKeys: they are read once, not once a pass.
+constexpr int kKeysPerThread = kSliceKeys / kSelectThreads;
+static_assert(kSliceKeys % kSelectThreads == 0, "a slice's keys divide over the block's threads");
+
+// The digit of this pass where the count from the top reaches the keys still wanted, found by
+// warp 0: lane l holds digits 255 - 8l down to 248 - 8l, a scan gives the keys above its own.
+// With fewer keys than wanted the last lane takes digit 0, and then all of them are taken.
+__device__ __forceinline__ void find_digit(const int* histogram, uint32_t prefix, int shift, int& remaining,
+                                           uint32_t& next_prefix) {
+  const int lane = int(threadIdx.x), wanted = remaining;
+  int count[8], sum = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum += (count[i] = histogram[255 - 8 * lane - i]);
+  int upto = sum;  // keys at this lane's digits and above
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int v = __shfl_up_sync(0xffffffffu, upto, o);
+    if (lane >= o) upto += v;
+  }
+  const int total = __shfl_sync(0xffffffffu, upto, 31);
+  int above = upto - sum;
+  if ((above < wanted && wanted <= upto) || (lane == 31 && total < wanted)) {
+    int i = 0;
+    for (; i < 7 && above + count[i] < wanted; ++i) above += count[i];
+    remaining = wanted - above;
+    next_prefix = prefix | (uint32_t(255 - 8 * lane - i) << shift);
+  }
+}
 
 // The block's top_k of `src` (score first, then the lower position), written in index order:
 // positions to out_pos, scores to out_score (when given); returns how many (all of them when
 // there are no more than top_k). A radix select, 8 bits a pass from the top, finds the top_k-th
 // largest key; then the keys above it and the first of its ties are written, placed by a
-// block-wide scan.
-template <class Src>
+// block-wide scan. kInRegisters: src has at most kSliceKeys keys.
+template <bool kInRegisters, class Src>
 __device__ int block_top_k(const Src& src, int top_k, int32_t* out_pos, float* out_score) {
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
@@ -218,6 +244,24 @@ __device__ int block_top_k(const Src& src, int top_k, int32_t* out_pos, float* o
   __shared__ uint32_t s_prefix;
   __shared__ int s_remaining, s_chunk_total;
   const int tid = int(threadIdx.x), n = src.size();
+  uint32_t keys[kInRegisters ? kKeysPerThread : 1];
+  if constexpr (kInRegisters) {
+#pragma unroll
+    for (int c = 0; c < kKeysPerThread; ++c) {
+      const int j = c * kSelectThreads + tid;
+      keys[c] = j < n ? order_key(src.score(j)) : 0u;
+    }
+  }
+  // f(j, key) for each of the thread's keys, in index order.
+  const auto for_each_key = [&](auto&& f) {
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int c = 0; c < kKeysPerThread; ++c)
+        if (c * kSelectThreads + tid < n) f(keys[c]);
+    } else {
+      for (int j = tid; j < n; j += kSelectThreads) f(order_key(src.score(j)));
+    }
+  };
   uint32_t prefix = 0, mask = 0;
   if (tid == 0) s_remaining = top_k;
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -226,46 +270,20 @@ __device__ int block_top_k(const Src& src, int top_k, int32_t* out_pos, float* o
     // Scores bunch in a few top bytes, and every thread adding 1 to the same bin serializes:
     // a thread counts a run of its keys with one digit and adds the run once.
     int run_digit = -1, run = 0;
-    for (int j = tid; j < n; j += kSelectThreads) {
-      float score;
-      int32_t pos;
-      if (!src.get(j, score, pos)) continue;
-      const uint32_t k = order_key(score);
-      if ((k & mask) != prefix) continue;
+    for_each_key([&](uint32_t k) {
+      if ((k & mask) != prefix) return;
       const int digit = int((k >> shift) & 0xff);
       if (digit == run_digit) {
         ++run;
-        continue;
+        return;
       }
       if (run > 0) atomicAdd(&histogram[run_digit], run);
       run_digit = digit;
       run = 1;
-    }
+    });
     if (run > 0) atomicAdd(&histogram[run_digit], run);
     __syncthreads();
-    if (tid < 32) {
-      // The digit where the count from the top reaches the keys still wanted, found by warp 0:
-      // lane l holds digits 255 - 8l down to 248 - 8l, a scan gives the keys above its own.
-      // With fewer keys than wanted the last lane takes digit 0, and then all of them are taken.
-      const int lane = tid, wanted = s_remaining;
-      int count[8], sum = 0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sum += (count[i] = histogram[255 - 8 * lane - i]);
-      int upto = sum;  // keys at this lane's digits and above
-#pragma unroll
-      for (int o = 1; o < 32; o *= 2) {
-        const int v = __shfl_up_sync(0xffffffffu, upto, o);
-        if (lane >= o) upto += v;
-      }
-      const int total = __shfl_sync(0xffffffffu, upto, 31);
-      int above = upto - sum;
-      if ((above < wanted && wanted <= upto) || (lane == 31 && total < wanted)) {
-        int i = 0;
-        for (; i < 7 && above + count[i] < wanted; ++i) above += count[i];
-        s_remaining = wanted - above;
-        s_prefix = prefix | (uint32_t(255 - 8 * lane - i) << shift);
-      }
-    }
+    if (tid < 32) find_digit(histogram, prefix, shift, s_remaining, s_prefix);
     __syncthreads();
     prefix = s_prefix;
     mask |= 0xffu << shift;
@@ -274,20 +292,17 @@ __device__ int block_top_k(const Src& src, int top_k, int32_t* out_pos, float* o
   const int ties_wanted = s_remaining;
   // The scan counts both kinds in one int: above in the low 16 bits, ties in the high ones.
   int written = 0, ties_seen = 0;
-  for (int base = 0; base < n; base += kSelectThreads) {
+  const auto write_chunk = [&](int base, uint32_t k) {
     const int j = base + tid;
-    float score = 0.0f;
-    int32_t pos = -1;
-    const bool valid = j < n && src.get(j, score, pos);
-    const uint32_t k = order_key(score);
+    const bool valid = j < n;
     const int above = valid && k > threshold, tie = valid && k == threshold;
     int before = 0, total = 0;
     Scan(scan_storage).ExclusiveSum(above | (tie << 16), before, total);
     const int ties_before = ties_seen + (before >> 16);
     if (above || (tie && ties_before < ties_wanted)) {
       const int at = written + (before & 0xffff) + min(before >> 16, max(0, ties_wanted - ties_seen));
-      out_pos[at] = pos;
-      if (out_score) out_score[at] = score;
+      out_pos[at] = src.position(j);
+      if (out_score) out_score[at] = src.score(j);
     }
     if (tid == 0) s_chunk_total = total;
     __syncthreads();
@@ -295,6 +310,16 @@ __device__ int block_top_k(const Src& src, int top_k, int32_t* out_pos, float* o
     written += (chunk_total & 0xffff) + min(chunk_total >> 16, max(0, ties_wanted - ties_seen));
     ties_seen += chunk_total >> 16;
     __syncthreads();  // the scan storage and s_chunk_total are reused
+  };
+  if constexpr (kInRegisters) {
+#pragma unroll
+    for (int c = 0; c < kKeysPerThread; ++c)
+      if (c * kSelectThreads < n) write_chunk(c * kSelectThreads, keys[c]);
+  } else {
+    for (int base = 0; base < n; base += kSelectThreads) {
+      const int j = base + tid;
+      write_chunk(base, j < n ? order_key(src.score(j)) : 0u);
+    }
   }
   return written;
 }
@@ -310,7 +335,8 @@ __global__ void __launch_bounds__(kSelectThreads) dsa_slice_top_k_kernel(const D
   const int64_t row = int64_t(t) * n_slices + slice;
   const ScoreSlice src{a.scores + int64_t(t) * a.key_cap, min(slice * kSliceKeys, n_keys),
                        min((slice + 1) * kSliceKeys, n_keys)};
-  const int n = block_top_k(src, a.p.top_k, a.survivor_pos + row * a.p.top_k, a.survivor_score + row * a.p.top_k);
+  const int n =
+      block_top_k<true>(src, a.p.top_k, a.survivor_pos + row * a.p.top_k, a.survivor_score + row * a.p.top_k);
   if (threadIdx.x == 0) a.survivor_count[row] = n;
 }
 
@@ -332,12 +358,11 @@ __global__ void __launch_bounds__(kSelectThreads) dsa_final_top_k_kernel(const D
   int32_t* out = a.p.selected + int64_t(token) * a.p.top_k;
   int n = src.size();
   if (n <= a.p.top_k) {
-    for (int j = int(threadIdx.x); j < n; j += kSelectThreads) {
-      float score;
-      src.get(j, score, out[j]);
-    }
+    for (int j = int(threadIdx.x); j < n; j += kSelectThreads) out[j] = src.position(j);
+  } else if (n <= kSliceKeys) {  // up to 8 slices of GLM-5's 2,048 (128k keys)
+    n = block_top_k<true>(src, a.p.top_k, out, nullptr);
   } else {
-    n = block_top_k(src, a.p.top_k, out, nullptr);
+    n = block_top_k<false>(src, a.p.top_k, out, nullptr);
   }
   for (int j = n + int(threadIdx.x); j < a.p.top_k; j += kSelectThreads) out[j] = -1;
 }
