@@ -52,14 +52,11 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
   const bool cuda = o.device == "cuda" || (o.device == "auto" && cuda_device_available());
   if (!cuda) return make_cpu_backend(o.n_threads, o.kv_cache_dtype.value_or(DType::F32));
 #ifdef TETRA_HAVE_CUDA
-  // The CUDA attention and cache-write kernels take BF16 rows; an F8 cache would be misread.
-  TETRA_CHECK(!o.kv_cache_dtype,
-              "--kv-cache-dtype fp8_e4m3: the CUDA kernels do not read an FP8 KV cache yet; use "
-              "--kv-cache-dtype auto on the GPU, or --device cpu");
   return cuda::make_cuda_backend({.device_index = o.device_index,
                                   .moe_tune_cache = o.moe_tune_cache,
                                   .moe_autotune = o.moe_autotune,
-                                  .pdl = o.pdl});
+                                  .pdl = o.pdl,
+                                  .kv_dtype = o.kv_cache_dtype.value_or(DType::BF16)});
 #else
   fail("--device cuda: this build of tetra has no CUDA backend (it was built without nvcc or with TETRA_CUDA=OFF)");
 #endif

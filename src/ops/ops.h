@@ -443,7 +443,7 @@ struct BackendOptions {
   bool moe_autotune = true;      // time the MoE tiles at warm-up (else the heuristic decides)
   bool pdl = true;               // CUDA: programmatic dependent launch where the device has it
   // --kv-cache-dtype: none is `auto` (the backend's own: F32 on the CPU, BF16 on CUDA);
-  // F8_E4M3 is `fp8_e4m3`, on the CPU only so far (CUDA refuses it at start).
+  // F8_E4M3 is `fp8_e4m3` (on CUDA for GQA models so far: its MLA ops refuse it).
   std::optional<DType> kv_cache_dtype;
 };
 // The --kv-cache-dtype value ("auto" -> none, "fp8_e4m3" or vLLM's alias "fp8" -> F8_E4M3);

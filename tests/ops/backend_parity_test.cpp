@@ -533,17 +533,22 @@ PagedSteps paged_steps(const std::vector<SeqSpec>& seqs, int bs, std::mt19937& r
   return out;
 }
 
+// An FP8 cache (both backends made with --kv-cache-dtype fp8_e4m3) stores k / k_scale and
+// v / v_scale; both backends must write the same bytes from the same inputs.
 void attention_case(BackendParity& p, const std::vector<SeqSpec>& seqs, int heads, int kv_heads, int dim, int bs,
-                    const std::string& name) {
+                    const std::string& name, float k_scale = 1.0f, float v_scale = 1.0f) {
   const PagedSteps steps = paged_steps(seqs, bs, p.rng);
   const int64_t pre_tokens = steps.pre.n, n_tokens = steps.now.n;
   const auto k_pre = p.randn(pre_tokens * kv_heads * dim), v_pre = p.randn(pre_tokens * kv_heads * dim);
   const auto k_now = p.randn(n_tokens * kv_heads * dim), v_now = p.randn(n_tokens * kv_heads * dim);
   const auto q = p.randn(n_tokens * heads * dim);
   std::vector<float> got, want;
+  std::vector<uint8_t> cache_bytes[2];
+  const bool fp8 = p.cpu->b->kv_dtype() == DType::F8_E4M3;
   for (Side* s : {p.cpu.get(), p.gpu.get()}) {
     const Shape cache_shape{steps.total_blocks, bs, kv_heads, dim};
-    KvCacheLayer cache{s->out(cache_shape, s->b->kv_dtype()), s->out(cache_shape, s->b->kv_dtype()), {}};
+    KvCacheLayer cache{s->out(cache_shape, s->b->kv_dtype()), s->out(cache_shape, s->b->kv_dtype()), {}, k_scale,
+                       v_scale};
     if (pre_tokens > 0) {
       const AttentionBatch b = steps.pre.on(*s, bs, steps.mbps);
       s->b->kv_write(s->ctx, s->act(k_pre, {pre_tokens, kv_heads, dim}), s->act(v_pre, {pre_tokens, kv_heads, dim}),
@@ -556,8 +561,21 @@ void attention_case(BackendParity& p, const std::vector<SeqSpec>& seqs, int head
     s->arena->reset();
     s->b->attention(s->ctx, s->act(q, {n_tokens, heads, dim}), cache, b, 1.0f / std::sqrt(float(dim)), o);
     (s == p.cpu.get() ? want : got) = s->read(o);
+    if (fp8) {
+      auto& bytes = cache_bytes[s == p.cpu.get() ? 0 : 1];
+      for (const TensorView t : {cache.k, cache.v}) {
+        std::vector<uint8_t> h(static_cast<size_t>(t.nbytes()));
+        s->b->copy_to_host(h.data(), t);
+        bytes.insert(bytes.end(), h.begin(), h.end());
+      }
+    }
   }
-  report("attention " + name, nmse(got, want), kBf16Inner);
+  if (fp8) {
+    int64_t differ = 0;
+    for (size_t i = 0; i < cache_bytes[0].size(); ++i) differ += cache_bytes[0][i] != cache_bytes[1][i];
+    EXPECT_EQ(differ, 0) << name << ": FP8 cache bytes the backends wrote differently";
+  }
+  report(std::string(fp8 ? "attention, FP8 cache, " : "attention ") + name, nmse(got, want), kBf16Inner);
 }
 
 TEST_F(BackendParity, AttentionDecodePrefillAndMixed) {
@@ -570,6 +588,27 @@ TEST_F(BackendParity, AttentionDecodePrefillAndMixed) {
                  16, 4, 128, 16, "9 mixed sequences across block boundaries");
   attention_case(*this, {{30, 5}, {7, 1}}, 4, 2, 20, 7, "d=20, block size 7");
   attention_case(*this, {{100, 3}}, 2, 1, 256, 1, "d=256, block size 1");
+}
+
+// --kv-cache-dtype fp8_e4m3 on both backends: kv_write's bytes equal, attention within the
+// BF16 tolerance of reading the same bytes (the scales are no powers of 2).
+struct BackendParityFp8Kv : BackendParity {
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+    cpu = std::make_unique<Side>(make_cpu_backend(4, DType::F8_E4M3));
+    gpu = std::make_unique<Side>(make_backend({.device = "cuda", .kv_cache_dtype = DType::F8_E4M3}));
+  }
+};
+
+TEST_F(BackendParityFp8Kv, AttentionDecodePrefillAndMixed) {
+  attention_case(*this, {{0, 1}}, 4, 2, 24, 16, "one token, context 1, d=24 (fallback)", 0.37f, 1.7f);
+  attention_case(*this, {{4095, 1}}, 32, 4, 128, 16, "decode at 4k, 32/4 heads, d=128", 0.37f, 1.7f);
+  attention_case(*this, {{32767, 1}}, 8, 1, 128, 16, "decode at 32k, one sequence (split-KV)", 0.37f, 1.7f);
+  attention_case(*this, {{0, 300}}, 8, 2, 128, 16, "prefill of 300 from position 0", 0.37f, 1.7f);
+  attention_case(*this, {{123, 77}}, 4, 4, 64, 16, "prefix-cached prefill (123 cached + 77)", 2.5f, 0.3f);
+  attention_case(*this, {{1000, 1}, {0, 33}, {17, 1}, {250, 40}, {0, 1}, {2047, 1}, {5, 19}, {64, 64}, {999, 2}},
+                 16, 4, 128, 16, "9 mixed sequences across block boundaries", 0.37f, 1.7f);
+  attention_case(*this, {{100, 3}}, 2, 1, 256, 1, "d=256, block size 1", 1.0f, 1.0f);
 }
 
 // MLA over the latent cache (rows [latent | rope key] written by cache_write), with every key

@@ -15,7 +15,8 @@
 //   past the block's last position are never loaded, and a warp skips the tiles that are
 //   masked for all of its rows. Few row tiles on long contexts are split over keys as well.
 // K/V tiles stream through shared-memory stages with 16-byte cp.async, the block-table lookups
-// one tile ahead of the copies; head dims that are a multiple of 8 are zero-padded to the
+// one tile ahead of the copies (an FP8 cache's stages hold its bytes, widened to one BF16 K/V
+// tile before each tile's MMAs); head dims that are a multiple of 8 are zero-padded to the
 // tile's D (64, 128 or 256). Everything else runs on attention_fallback_kernel: one warp per
 // (token, head), f32 CUDA cores.
 //
@@ -24,12 +25,15 @@
 #include "ops/cuda/attention_gqa.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_values.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_sync.cuh"
 
@@ -46,7 +50,8 @@ struct KernelArgs {
   int n_splits;          // key ranges per work item (1: the kernel writes `out` itself)
   int keys_per_split;    // a multiple of the key tile; the last split runs to the end
   int key_cap;           // max_blocks_per_seq * block_size: no key past the block table row
-  float scale_log2;      // scale * log2(e): the softmax runs on exp2
+  float scale_log2;      // scale * log2(e) (* k_scale for an FP8 cache): the softmax runs on exp2
+  float v_scale;         // an FP8 cache's v_scale (1 for BF16): the output's factor
   float* partial_acc;    // [n_tokens, n_heads, n_splits, d_v]: unnormalized sums of p * v
   float2* partial_ml;    // [n_tokens, n_heads, n_splits]: running max (log2 units), sum of p
 };
@@ -56,10 +61,12 @@ struct KernelArgs {
 // and scores every key of the tile. Decode (kSplitKeys true): the warps share one 16-row tile
 // and each scores its own kBlockN / kWarps keys of the tile, then the warps' softmax states
 // are merged: more warps per SM to hide the latency of a stream that no other work covers.
-template <int D, int kWarps, int kBlockN, int kStages, bool kSplitKeys>
+// kFp8: the stages hold the cache's E4M3 rows (D bytes apart), and each tile is widened
+// into one BF16 K tile and one V tile (the layout of a BF16 stage) before it is computed.
+template <int D, int kWarps, int kBlockN, int kStages, bool kSplitKeys, bool kFp8 = false>
 struct TileShape {
   static constexpr int kD = D, kWarpCount = kWarps, kKeys = kBlockN, kStageCount = kStages;
-  static constexpr bool kWarpsSplitKeys = kSplitKeys;
+  static constexpr bool kWarpsSplitKeys = kSplitKeys, kFp8Cache = kFp8;
   static constexpr int kRows = kSplitKeys ? 16 : 16 * kWarps;
   static constexpr int kWarpKeys = kSplitKeys ? kBlockN / kWarps : kBlockN;  // keys a warp scores
   static constexpr int kThreads = 32 * kWarps;
@@ -70,7 +77,12 @@ struct TileShape {
   static constexpr int kStride = D + 8;
   static constexpr int kQBytes = kRows * kStride * 2;
   static constexpr int kKvBytes = kBlockN * kStride * 2;  // one K or V tile
-  static constexpr int kSlotsOffset = kQBytes + 2 * kStages * kKvBytes;
+  static constexpr int kStride8 = D;  // bytes between FP8 rows of a stage: read row by row, no skew
+  static constexpr int kKv8Bytes = kBlockN * kStride8;    // one FP8 K or V tile
+  // BF16: the stages follow Q. FP8: the BF16 K and V tiles follow Q, then the FP8 stages.
+  static constexpr int kStage0Offset = kQBytes + (kFp8 ? 2 * kKvBytes : 0);
+  static constexpr int kStageBytes = 2 * (kFp8 ? kKv8Bytes : kKvBytes);  // K then V
+  static constexpr int kSlotsOffset = kStage0Offset + kStages * kStageBytes;
   static constexpr int kSmemBytes = kSlotsOffset + kStages * kBlockN * 4;
   static constexpr int kMergeRowFloats = D + 2;  // a row's O, then its m and l
   // Blocks an SM must hold at once; it caps the registers so that they are not what stops
@@ -83,8 +95,9 @@ struct TileShape {
   static_assert(kStages >= 2, "one tile computed while the next lands");
   static_assert(kRows * kChunks % kThreads == 0 && kBlockN * kChunks % kThreads == 0,
                 "every thread copies the same number of chunks");
-  static_assert(!kSplitKeys || kWarps * 16 * kMergeRowFloats * 4 <= 2 * kStages * kKvBytes,
-                "the merge fits in the K/V stages");
+  static_assert(!kSplitKeys || kWarps * 16 * kMergeRowFloats * 4 <= kSlotsOffset - kQBytes,
+                "the merge fits in the K/V tiles");
+  static_assert(D % 16 == 0, "FP8 rows are whole 16-byte chunks");
 };
 
 __device__ __forceinline__ int slot_of(const PagedAttentionParams& p, int seq, int key) {
@@ -157,7 +170,30 @@ __device__ __forceinline__ int slot_or_none(const KernelArgs& a, const RowTile& 
 // and dims past d_k / d_v are zero-filled. Called by the whole block.
 template <class T>
 __device__ __forceinline__ void copy_kv_tile(const KernelArgs& a, const RowTile& w, const int32_t* slots,
-                                             uint16_t* k_smem, uint16_t* v_smem) {
+                                             uint8_t* k_stage, uint8_t* v_stage) {
+  if constexpr (T::kFp8Cache) {
+    // 16 values a copy; the chunks may not divide over the threads.
+    constexpr int kRowChunks = T::kD / 16, kChunks = T::kKeys * kRowChunks, kPerThread = (kChunks + T::kThreads - 1) / T::kThreads;
+#pragma unroll 2
+    for (int i = 0; i < kPerThread; ++i) {
+      const int idx = int(threadIdx.x) + i * T::kThreads, r = idx / kRowChunks, c = idx % kRowChunks;
+      if (idx >= kChunks) break;
+      const int slot = slots[r];
+      const int64_t cache_row = int64_t(slot) * a.p.n_kv_heads + w.kv_head;
+      const bool k_valid = slot >= 0 && 16 * c < a.p.d_k, v_valid = slot >= 0 && 16 * c < a.p.d_v;
+      const uint8_t* k_cache = static_cast<const uint8_t*>(a.p.k_cache);
+      const uint8_t* v_cache = static_cast<const uint8_t*>(a.p.v_cache);
+      cp_async_16(smem_addr(k_stage + r * T::kStride8 + 16 * c),
+                  k_valid ? k_cache + cache_row * a.p.d_k + 16 * c : k_cache, k_valid);
+      cp_async_16(smem_addr(v_stage + r * T::kStride8 + 16 * c),
+                  v_valid ? v_cache + cache_row * a.p.d_v + 16 * c : v_cache, v_valid);
+    }
+    return;
+  }
+  uint16_t* k_smem = reinterpret_cast<uint16_t*>(k_stage);
+  uint16_t* v_smem = reinterpret_cast<uint16_t*>(v_stage);
+  const uint16_t* k_cache = static_cast<const uint16_t*>(a.p.k_cache);
+  const uint16_t* v_cache = static_cast<const uint16_t*>(a.p.v_cache);
   constexpr int kPerThread = T::kKeys * T::kChunks / T::kThreads;
   // Two rows' addresses at a time: a full unroll would hold every 64-bit source address of
   // the tile in registers next to O.
@@ -167,10 +203,41 @@ __device__ __forceinline__ void copy_kv_tile(const KernelArgs& a, const RowTile&
     const int slot = slots[r];
     const int64_t cache_row = int64_t(slot) * a.p.n_kv_heads + w.kv_head;
     const bool k_valid = slot >= 0 && 8 * c < a.p.d_k, v_valid = slot >= 0 && 8 * c < a.p.d_v;
-    const uint16_t* k_src = k_valid ? a.p.k_cache + cache_row * a.p.d_k + 8 * c : a.p.k_cache;
-    const uint16_t* v_src = v_valid ? a.p.v_cache + cache_row * a.p.d_v + 8 * c : a.p.v_cache;
+    const uint16_t* k_src = k_valid ? k_cache + cache_row * a.p.d_k + 8 * c : k_cache;
+    const uint16_t* v_src = v_valid ? v_cache + cache_row * a.p.d_v + 8 * c : v_cache;
     cp_async_16(smem_addr(k_smem + r * T::kStride + 8 * c), k_src, k_valid);
     cp_async_16(smem_addr(v_smem + r * T::kStride + 8 * c), v_src, v_valid);
+  }
+}
+
+// Rows [row0, row0 + kRows) of an FP8 stage's K and V widened to the BF16 tiles the MMAs read
+// (exact: E4M3 has 3 mantissa bits) by kThreads threads (t: this one's index among them); the
+// zero-filled rows and dims stay zero.
+template <class T, int kRows, int kThreads>
+__device__ __forceinline__ void widen_rows(const uint8_t* k_stage, const uint8_t* v_stage, uint16_t* k_smem,
+                                           uint16_t* v_smem, int row0, int t) {
+  constexpr int kRowChunks = T::kD / 16, kChunks = kRows * kRowChunks;
+  constexpr int kPerThread = (kChunks + kThreads - 1) / kThreads;
+  const auto widen = [](const uint8_t* src, uint16_t* dst) {
+    const uint4 v = *reinterpret_cast<const uint4*>(src);
+    uint32_t out[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t word = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w;
+      const __half2_raw h =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> (16 * (i & 1))), __NV_E4M3);
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+      out[i] = pack_bf16x2(f.x, f.y);
+    }
+    reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
+    reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
+  };
+#pragma unroll 2
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = t + i * kThreads, r = row0 + idx / kRowChunks, c = idx % kRowChunks;
+    if (idx >= kChunks) break;
+    widen(k_stage + r * T::kStride8 + 16 * c, k_smem + r * T::kStride + 16 * c);
+    widen(v_stage + r * T::kStride8 + 16 * c, v_smem + r * T::kStride + 16 * c);
   }
 }
 
@@ -301,11 +368,12 @@ __device__ __forceinline__ void store_rows(const KernelArgs& a, const RowTile& w
       for (int n = 0; n < T::kD / 8; ++n) {
         const int col = 8 * n + 2 * t;
         if (col < a.p.d_v)
-          *reinterpret_cast<float2*>(dst + col) = make_float2(st.acc[n][2 * r], st.acc[n][2 * r + 1]);
+          *reinterpret_cast<float2*>(dst + col) =
+              make_float2(st.acc[n][2 * r] * a.v_scale, st.acc[n][2 * r + 1] * a.v_scale);
       }
       if (t == 0) a.partial_ml[part] = make_float2(st.m[r], l);
     } else {
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no key at all (a negative position): 0
+      const float inv = l > 0.0f ? a.v_scale / l : 0.0f;  // no key at all (a negative position): 0
       uint16_t* dst = a.p.out + out_row * a.p.d_v;
 #pragma unroll
       for (int n = 0; n < T::kD / 8; ++n) {
@@ -410,10 +478,17 @@ __device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* sm
   constexpr int S = T::kStageCount;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   // Stage s: K tile, V tile and key slots (computed from s: a pointer array indexed by a
-  // run-time stage would live in local memory).
+  // run-time stage would live in local memory). The MMAs read a BF16 stage itself, or the
+  // BF16 tiles an FP8 stage is widened into.
   uint16_t* q_smem = reinterpret_cast<uint16_t*>(smem);
-  const auto k_smem = [&](int s) { return reinterpret_cast<uint16_t*>(smem + T::kQBytes + 2 * s * T::kKvBytes); };
-  const auto v_smem = [&](int s) { return k_smem(s) + T::kKvBytes / 2; };
+  const auto k_stage = [&](int s) { return smem + T::kStage0Offset + s * T::kStageBytes; };
+  const auto v_stage = [&](int s) { return k_stage(s) + T::kStageBytes / 2; };
+  const auto k_smem = [&](int s) {
+    return reinterpret_cast<uint16_t*>(T::kFp8Cache ? smem + T::kQBytes : k_stage(s));
+  };
+  const auto v_smem = [&](int s) {
+    return reinterpret_cast<uint16_t*>(T::kFp8Cache ? smem + T::kQBytes + T::kKvBytes : v_stage(s));
+  };
   const auto slots = [&](int s) { return reinterpret_cast<int32_t*>(smem + T::kSlotsOffset) + s * T::kKeys; };
 
   // Prefill warps own rows 16 * warp ..; decode warps share rows 0 .. 15 and own keys
@@ -446,7 +521,7 @@ __device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* sm
     __syncthreads();  // the slots of tiles 0 .. S - 1
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
-      if (j < n_tiles) copy_kv_tile<T>(a, w, slots(j), k_smem(j), v_smem(j));
+      if (j < n_tiles) copy_kv_tile<T>(a, w, slots(j), k_stage(j), v_stage(j));
       cp_async_commit();  // Q joins tile 0's group
     }
     const QOperand<T> q(q_smem, warp_row0, lane);
@@ -456,9 +531,20 @@ __device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* sm
       // Every thread's copies of tile it landed, every warp is done with tile it - 1 (whose
       // stage is refilled next), and the slots stored last iteration are visible.
       __syncthreads();
-      if (next < n_tiles) copy_kv_tile<T>(a, w, slots(next % S), k_smem(next % S), v_smem(next % S));
+      if (next < n_tiles) copy_kv_tile<T>(a, w, slots(next % S), k_stage(next % S), v_stage(next % S));
       cp_async_commit();
       const int ahead_slot = tid < T::kKeys ? slot_or_none(a, w, tile_key(next + 1)) : -1;
+      if constexpr (T::kFp8Cache) {
+        // The BF16 tiles are free: every warp is past tile it - 1 (the barrier above). A decode
+        // warp widens the keys it scores itself; prefill warps share every key.
+        if constexpr (T::kWarpsSplitKeys) {
+          widen_rows<T, T::kWarpKeys, 32>(k_stage(stage), v_stage(stage), k_smem(stage), v_smem(stage), warp_key0, lane);
+          __syncwarp();
+        } else {
+          widen_rows<T, T::kKeys, T::kThreads>(k_stage(stage), v_stage(stage), k_smem(stage), v_smem(stage), 0, tid);
+          __syncthreads();
+        }
+      }
       const int key0 = w.key_begin + it * T::kKeys + warp_key0;
       if (key0 <= warp_last_key) {
         float s[T::kWarpKeys / 8][4];
@@ -590,22 +676,26 @@ __global__ void __launch_bounds__(kFallbackWarps * 32) attention_fallback_kernel
   float m = -INFINITY, l = 0.0f;
   for (int key = 0; key < n_keys; ++key) {
     const int64_t cache_row = int64_t(slot_of(p, seq, key)) * p.n_kv_heads + kv_head;
-    const uint16_t* k = p.k_cache + cache_row * p.d_k;
-    const uint16_t* v = p.v_cache + cache_row * p.d_v;
+    // An FP8 cache's values are E4M3 bytes (their scales are in scale_log2 and v_scale).
+    const auto cached = [&](const void* cache, int64_t i) {
+      return p.fp8_cache ? e4m3_to_float(static_cast<const uint8_t*>(cache)[i])
+                         : bf16_to_float(static_cast<const uint16_t*>(cache)[i]);
+    };
+    const int64_t k_row = cache_row * p.d_k, v_row = cache_row * p.d_v;
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < kFallbackDims; ++j)
-      if (lane + 32 * j < p.d_k) dot += q[j] * bf16_to_float(k[lane + 32 * j]);
+      if (lane + 32 * j < p.d_k) dot += q[j] * cached(p.k_cache, k_row + lane + 32 * j);
     const float score = warp_sum(dot) * a.scale_log2;
     const float m_new = fmaxf(m, score);
     const float alpha = exp2_approx(m - m_new), weight = exp2_approx(score - m_new);
     l = l * alpha + weight;
 #pragma unroll
     for (int j = 0; j < kFallbackDims; ++j)
-      if (lane + 32 * j < p.d_v) acc[j] = acc[j] * alpha + weight * bf16_to_float(v[lane + 32 * j]);
+      if (lane + 32 * j < p.d_v) acc[j] = acc[j] * alpha + weight * cached(p.v_cache, v_row + lane + 32 * j);
     m = m_new;
   }
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  const float inv = l > 0.0f ? a.v_scale / l : 0.0f;
 #pragma unroll
   for (int j = 0; j < kFallbackDims; ++j)
     if (lane + 32 * j < p.d_v) p.out[out_row * p.d_v + lane + 32 * j] = to_bf16(acc[j] * inv);
@@ -617,10 +707,12 @@ __global__ void __launch_bounds__(kFallbackWarps * 32) attention_fallback_kernel
 // 16 rows and take 16 keys each of a 64-key tile (D = 256: 2 warps, 32-key tiles); two stages,
 // since a third costs more in blocks per SM than it gains in bytes in flight. Prefill: 8 warps
 // own 128 rows (D = 256: 4 warps, 64 rows) against 32-key tiles, three stages.
-template <int D>
-using DecodeTile = TileShape<D, D == 256 ? 2 : 4, D == 256 ? 32 : 64, 2, true>;
-template <int D>
-using PrefillTile = TileShape<D, D == 256 ? 4 : 8, 32, D == 256 ? 2 : 3, false>;
+// An FP8 cache takes the same tiles, its stages holding bytes (at D = 128 in decode, 3 blocks
+// an SM, as BF16).
+template <int D, bool kFp8 = false>
+using DecodeTile = TileShape<D, D == 256 ? 2 : 4, D == 256 ? 32 : 64, 2, true, kFp8>;
+template <int D, bool kFp8 = false>
+using PrefillTile = TileShape<D, D == 256 ? 4 : 8, 32, D == 256 ? 2 : 3, false, kFp8>;
 
 constexpr int kDecodeRows = 16;  // a sequence's rows that take the decode path: one mma tile
 static_assert(DecodeTile<64>::kRows == kDecodeRows && DecodeTile<256>::kRows == kDecodeRows,
@@ -662,6 +754,10 @@ void check_params(const PagedAttentionParams& p, int sm_count) {
               "paged_attention: max_seq_len ", p.max_seq_len, " does not fit ", p.max_blocks_per_seq,
               " blocks of ", p.block_size);
   TETRA_CHECK(std::isfinite(p.scale), "paged_attention: scale is ", p.scale);
+  TETRA_CHECK(std::isfinite(p.k_scale) && p.k_scale > 0 && std::isfinite(p.v_scale) && p.v_scale > 0,
+              "paged_attention: the cache scales must be positive, not ", p.k_scale, " and ", p.v_scale);
+  TETRA_CHECK(p.fp8_cache || (p.k_scale == 1.0f && p.v_scale == 1.0f),
+              "paged_attention: a BF16 cache has no scales");
   TETRA_CHECK(sm_count >= 1, "paged_attention: sm_count is ", sm_count);
   TETRA_CHECK(p.q && p.k_cache && p.v_cache && p.out && p.positions && p.seq_starts && p.block_tables,
               "paged_attention: a tensor pointer is null");
@@ -671,7 +767,8 @@ PagedAttentionPlan make_plan(const PagedAttentionParams& p, int sm_count) {
   PagedAttentionPlan plan;
   if (p.n_tokens == 0) return plan;  // nothing to run, nothing to check
   check_params(p, sm_count);
-  const bool dims_tile = p.d_k % 8 == 0 && p.d_v % 8 == 0;  // whole 16-byte chunks per row
+  const int chunk = p.fp8_cache ? 16 : 8;  // values in a 16-byte copy: rows are whole copies
+  const bool dims_tile = p.d_k % chunk == 0 && p.d_v % chunk == 0;
   const bool aligned = aligned16(p.q) && aligned16(p.k_cache) && aligned16(p.v_cache) && aligned16(p.out);
   if (!dims_tile || !aligned) return plan;
   const int d = std::max(p.d_k, p.d_v);
@@ -737,14 +834,25 @@ void launch_mma(const KernelLaunch& launch, const KernelArgs& a, const PagedAtte
   TETRA_CUDA_CHECK_LAUNCH("paged_attention mma");
 }
 
-void launch_tiles(const KernelLaunch& launch, const KernelArgs& a, const PagedAttentionPlan& plan) {
+template <bool kFp8>
+void launch_tiles_of(const KernelLaunch& launch, const KernelArgs& a, const PagedAttentionPlan& plan) {
   const bool decode = plan.path == PagedAttentionPath::Decode;
   switch (plan.head_dim_tile) {
-    case 64: return decode ? launch_mma<DecodeTile<64>>(launch, a, plan) : launch_mma<PrefillTile<64>>(launch, a, plan);
-    case 128: return decode ? launch_mma<DecodeTile<128>>(launch, a, plan) : launch_mma<PrefillTile<128>>(launch, a, plan);
-    case 256: return decode ? launch_mma<DecodeTile<256>>(launch, a, plan) : launch_mma<PrefillTile<256>>(launch, a, plan);
+    case 64:
+      return decode ? launch_mma<DecodeTile<64, kFp8>>(launch, a, plan)
+                    : launch_mma<PrefillTile<64, kFp8>>(launch, a, plan);
+    case 128:
+      return decode ? launch_mma<DecodeTile<128, kFp8>>(launch, a, plan)
+                    : launch_mma<PrefillTile<128, kFp8>>(launch, a, plan);
+    case 256:
+      return decode ? launch_mma<DecodeTile<256, kFp8>>(launch, a, plan)
+                    : launch_mma<PrefillTile<256, kFp8>>(launch, a, plan);
     default: fail("paged_attention: no tile for head dim ", plan.head_dim_tile);
   }
+}
+
+void launch_tiles(const KernelLaunch& launch, const KernelArgs& a, const PagedAttentionPlan& plan) {
+  return a.p.fp8_cache ? launch_tiles_of<true>(launch, a, plan) : launch_tiles_of<false>(launch, a, plan);
 }
 
 }  // namespace
@@ -771,7 +879,8 @@ void paged_attention(const KernelLaunch& launch, const PagedAttentionParams& p, 
   a.n_splits = plan.n_splits;
   a.keys_per_split = plan.keys_per_split;
   a.key_cap = int(std::min<int64_t>(int64_t(p.max_blocks_per_seq) * p.block_size, INT_MAX));
-  a.scale_log2 = p.scale * kLog2e;
+  a.scale_log2 = p.scale * kLog2e * p.k_scale;
+  a.v_scale = p.v_scale;
   if (ws.total_bytes > 0) {
     a.partial_acc = static_cast<float*>(workspace);
     a.partial_ml = reinterpret_cast<float2*>(static_cast<uint8_t*>(workspace) + ws.ml_offset);

@@ -1,9 +1,12 @@
-// Paged causal attention for grouped-query attention over a paged BF16 KV cache (sm_90a).
+// Paged causal attention for grouped-query attention over a paged BF16 or FP8 (E4M3) KV
+// cache (sm_90a).
 //
 // Token t of sequence s, head h, attends to the cached positions 0 .. positions[t] of s in
 // KV head h / (n_heads / n_kv_heads); position j lives at slot
 // block_tables[s * max_blocks_per_seq + j / block_size] * block_size + j % block_size.
-// Scores and the softmax are f32; the output is rounded to BF16 once.
+// Scores and the softmax are f32; the output is rounded to BF16 once. An FP8 cache holds
+// k / k_scale and v / v_scale (ops::KvCacheLayer): the kernels widen it to BF16 in shared
+// memory (exact) and fold k_scale into the softmax scale, v_scale into the output.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +17,8 @@ namespace tetra::ops::cuda {
 
 struct PagedAttentionParams {
   const uint16_t* q;            // bf16 [n_tokens, n_heads, d_k], contiguous
-  const uint16_t* k_cache;      // bf16 [n_blocks, block_size, n_kv_heads, d_k]
-  const uint16_t* v_cache;      // bf16 [n_blocks, block_size, n_kv_heads, d_v]
+  const void* k_cache;          // bf16 or e4m3 [n_blocks, block_size, n_kv_heads, d_k]
+  const void* v_cache;          // the same, [n_blocks, block_size, n_kv_heads, d_v]
   uint16_t* out;                // bf16 [n_tokens, n_heads, d_v]
   const int32_t* positions;     // [n_tokens]: position of each token in its sequence
   const int32_t* seq_starts;    // [n_seqs + 1]: tokens [seq_starts[s], seq_starts[s+1]) belong to sequence s
@@ -26,6 +29,8 @@ struct PagedAttentionParams {
   int max_seq_len;              // host: the largest seq_lens entry (prefill plans its splits by it;
                                 // decode by max_blocks_per_seq, the same for every step)
   float scale;                  // softmax scale (1/sqrt(d_k) usually)
+  bool fp8_cache = false;       // the cache is E4M3 bytes
+  float k_scale = 1.0f, v_scale = 1.0f;  // an FP8 cache's per-tensor scales (1 for BF16)
 };
 
 // Device scratch paged_attention needs (split-KV partial results); may be 0.

@@ -95,10 +95,17 @@ std::unique_ptr<Graph> capture_graph(cudaStream_t stream, const std::function<vo
   return std::make_unique<CudaGraph>(exec, int64_t(n_nodes));
 }
 
+// What the MLA ops say to an FP8 cache (--kv-cache-dtype fp8_e4m3), before touching it.
+constexpr const char* kMlaBf16Cache =
+    "--kv-cache-dtype fp8_e4m3: the CUDA MLA and DSA kernels read a BF16 latent cache only so far (FP8 runs GQA "
+    "models on the GPU); use --kv-cache-dtype auto, or --device cpu";
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
-      : device_(o.device_index), tuner_(o.moe_tune_cache), autotune_(o.moe_autotune) {
+      : device_(o.device_index), kv_dtype_(o.kv_dtype), tuner_(o.moe_tune_cache), autotune_(o.moe_autotune) {
+    TETRA_CHECK(kv_dtype_ == DType::BF16 || kv_dtype_ == DType::F8_E4M3, "the CUDA backend's KV cache is BF16 or ",
+                "F8_E4M3, not ", dtype_name(kv_dtype_));
     TETRA_CUDA_CHECK(cudaSetDevice(device_));
     cudaDeviceProp p{};
     TETRA_CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
@@ -132,7 +139,7 @@ class CudaBackend final : public Backend {
   }
   Context& context() override { return ctx_; }
   DType activation_dtype() const override { return DType::BF16; }
-  DType kv_dtype() const override { return DType::BF16; }
+  DType kv_dtype() const override { return kv_dtype_; }
 
   // ---- memory ----
   std::unique_ptr<Buffer> alloc(DType dtype, Shape shape) override {
@@ -236,15 +243,15 @@ class CudaBackend final : public Backend {
   }
   void kv_write(const Context& ctx, TensorView k, TensorView v, const AttentionBatch& batch,
                 const KvCacheLayer& cache) override {
-    cache_write(ctx, k, batch, cache.k);
-    cache_write(ctx, v, batch, cache.v);
+    cuda::cache_write(kernel_launch(ctx), k, batch.slot_mapping, cache.k, cache.k_scale);
+    cuda::cache_write(kernel_launch(ctx), v, batch.slot_mapping, cache.v, cache.v_scale);
   }
   void qk_norm_rope_kv_write(const Context& ctx, TensorView q, TensorView k, TensorView v, TensorView q_norm,
                              TensorView k_norm, float eps, const RopeSpec& rope_spec, const AttentionBatch& batch,
                              const KvCacheLayer& cache) override {
     check_device(q, "qk_norm_rope_kv_write", "q");
     cuda::qk_norm_rope_kv_write(kernel_launch(ctx), q, k, v, q_norm, k_norm, eps, batch.positions, rope_spec,
-                                batch.slot_mapping, cache.k, cache.v);
+                                batch.slot_mapping, cache.k, cache.v, cache.k_scale, cache.v_scale);
   }
   void cache_write(const Context& ctx, TensorView rows, const AttentionBatch& batch, TensorView cache) override {
     cuda::cache_write(kernel_launch(ctx), rows, batch.slot_mapping, cache);
@@ -252,6 +259,7 @@ class CudaBackend final : public Backend {
   void mla_rope_cache_write(const Context& ctx, TensorView q, TensorView q_nope, TensorView q_rope, TensorView ckv,
                             TensorView kv_norm, float eps, const RopeSpec& rope_spec, const AttentionBatch& batch,
                             TensorView cache) override {
+    TETRA_CHECK(cache.dtype != DType::F8_E4M3, kMlaBf16Cache);
     check_device(q, "mla_rope_cache_write", "q");
     cuda::mla_rope_cache_write(kernel_launch(ctx), q, q_nope, q_rope, ckv, kv_norm, eps, batch.positions, rope_spec,
                                batch.slot_mapping, cache);
@@ -312,6 +320,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  DType kv_dtype_;
   DeviceProps props_;
   cudaStream_t stream_ = nullptr;
   Context ctx_;
@@ -326,13 +335,16 @@ void CudaBackend::attention(const Context& ctx, TensorView q, const KvCacheLayer
                             float scale, TensorView out) {
   TETRA_CHECK(q.shape.rank == 3 && cache.k.shape.rank == 4 && cache.v.shape.rank == 4,
               "attention: q must be [T, heads, d] and the cache [blocks, block_size, kv_heads, d]");
-  TETRA_CHECK(q.dtype == DType::BF16 && out.dtype == DType::BF16 && cache.k.dtype == DType::BF16 &&
-                  cache.v.dtype == DType::BF16,
-              "attention: CUDA attention reads BF16 queries and a BF16 cache");
+  TETRA_CHECK(q.dtype == DType::BF16 && out.dtype == DType::BF16 && cache.k.dtype == cache.v.dtype &&
+                  (cache.k.dtype == DType::BF16 || cache.k.dtype == DType::F8_E4M3),
+              "attention: CUDA attention reads BF16 queries and a BF16 or F8_E4M3 cache");
   PagedAttentionParams p;
   p.q = q.as<const uint16_t>();
-  p.k_cache = cache.k.as<const uint16_t>();
-  p.v_cache = cache.v.as<const uint16_t>();
+  p.k_cache = cache.k.data;
+  p.v_cache = cache.v.data;
+  p.fp8_cache = cache.k.dtype == DType::F8_E4M3;
+  p.k_scale = p.fp8_cache ? cache.k_scale : 1.0f;
+  p.v_scale = p.fp8_cache ? cache.v_scale : 1.0f;
   p.out = out.as<uint16_t>();
   p.positions = batch.positions.as<const int32_t>();
   p.seq_starts = batch.seq_starts.as<const int32_t>();
@@ -358,11 +370,12 @@ void CudaBackend::attention(const Context& ctx, TensorView q, const KvCacheLayer
 
 void CudaBackend::mla_attention(const Context& ctx, TensorView q_latent, TensorView q_rope, const KvCacheLayer& cache,
                                 const AttentionBatch& batch, float scale, TensorView selected, TensorView out) {
+  TETRA_CHECK(cache.k.dtype != DType::F8_E4M3, kMlaBf16Cache);
   TETRA_CHECK(q_latent.shape.rank == 3 && q_rope.shape.rank == 3 && cache.k.shape.rank == 4 && cache.k.dim(2) == 1,
               "mla_attention: q must be [T, heads, d] and the cache [blocks, block_size, 1, rank + rope]");
-  TETRA_CHECK(q_latent.dtype == DType::BF16 && q_rope.dtype == DType::BF16 && out.dtype == DType::BF16 &&
-                  cache.k.dtype == DType::BF16,
-              "mla_attention: CUDA MLA reads BF16 queries and a BF16 latent cache");
+  TETRA_CHECK(cache.k.dtype == DType::BF16, "mla_attention: CUDA MLA reads a BF16 latent cache");
+  TETRA_CHECK(q_latent.dtype == DType::BF16 && q_rope.dtype == DType::BF16 && out.dtype == DType::BF16,
+              "mla_attention: CUDA MLA reads BF16 queries");
   MlaAttentionParams p{};
   p.n_tokens = batch.n_tokens;
   p.n_heads = int(q_latent.dim(1));
@@ -400,6 +413,7 @@ void CudaBackend::mla_attention(const Context& ctx, TensorView q_latent, TensorV
 
 void CudaBackend::dsa_select(const Context& ctx, TensorView q, TensorView weights, const KvCacheLayer& cache,
                              const AttentionBatch& batch, float q_scale, float weight_scale, TensorView selected) {
+  TETRA_CHECK(cache.index_k.dtype != DType::F8_E4M3, kMlaBf16Cache);
   TETRA_CHECK(q.shape.rank == 3 && q.dtype == DType::BF16 && weights.dtype == DType::F32 &&
                   cache.index_k.dtype == DType::BF16 && cache.index_k.shape.rank == 4 && cache.index_k.dim(2) == 1,
               "dsa_select: BF16 queries [T, heads, d], F32 weights and a BF16 index-key cache [blocks, block_size, 1, d]");

@@ -1,45 +1,17 @@
 // Reading and writing the backend's float-like element types in kernels: activations are
-// BF16, some outputs F32, stored weights BF16, F16 or F32. The dtype is a kernel argument;
-// branching on it is uniform across the grid.
+// BF16, some outputs F32, stored weights BF16, F16 or F32, an FP8 KV cache E4M3. The dtype is
+// a kernel argument; branching on it is uniform across the grid.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
 #include "core/dtype.h"
 
 namespace tetra::ops::cuda {
-
-__device__ __forceinline__ float load_float(const void* p, int64_t i, DType dt) {
-  switch (dt) {
-    case DType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::F16: return __half2float(static_cast<const __half*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-__device__ __forceinline__ void store_float(void* p, int64_t i, DType dt, float v) {
-  switch (dt) {
-    case DType::BF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v); break;
-    case DType::F16: static_cast<__half*>(p)[i] = __float2half(v); break;
-    default: static_cast<float*>(p)[i] = v; break;
-  }
-}
-
-// v as a tensor of `dt` holds it: what store_float then load_float would give back.
-__device__ __forceinline__ float round_to(DType dt, float v) {
-  switch (dt) {
-    case DType::BF16: return __bfloat162float(__float2bfloat16(v));
-    case DType::F16: return __half2float(__float2half(v));
-    default: return v;
-  }
-}
-
-__device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
-  return __uint_as_float(uint32_t(b) << 16);
-}
 
 // E4M3 (float8_e4m3fn) to f32: bias 7, subnormals below exponent 1, 0x7f/0xff NaN.
 __device__ __forceinline__ float e4m3_to_float(uint8_t v) {
@@ -49,6 +21,50 @@ __device__ __forceinline__ float e4m3_to_float(uint8_t v) {
   float mag = exp == 0 ? float(man) * 0.001953125f  // man / 8 * 2^-6
                        : __uint_as_float(uint32_t(exp - 7 + 127) << 23) * (1.0f + float(man) * 0.125f);
   return __uint_as_float(__float_as_uint(mag) | sign);
+}
+
+// f32 to E4M3, round to nearest even, saturating at +-448 (NaN stays NaN): core/dtype.h's
+// f32_to_e4m3, which the CPU backend's FP8 cache uses.
+__device__ __forceinline__ uint8_t float_to_e4m3(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float load_float(const void* p, int64_t i, DType dt) {
+  switch (dt) {
+    case DType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::F16: return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::F8_E4M3: return e4m3_to_float(static_cast<const uint8_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_float(void* p, int64_t i, DType dt, float v) {
+  switch (dt) {
+    case DType::BF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v); break;
+    case DType::F16: static_cast<__half*>(p)[i] = __float2half(v); break;
+    case DType::F8_E4M3: static_cast<uint8_t*>(p)[i] = float_to_e4m3(v); break;
+    default: static_cast<float*>(p)[i] = v; break;
+  }
+}
+
+// v as a tensor of `dt` holds it: what store_float then load_float would give back.
+__device__ __forceinline__ float round_to(DType dt, float v) {
+  switch (dt) {
+    case DType::BF16: return __bfloat162float(__float2bfloat16(v));
+    case DType::F16: return __half2float(__float2half(v));
+    case DType::F8_E4M3: return e4m3_to_float(float_to_e4m3(v));
+    default: return v;
+  }
+}
+
+// What a KV cache of `dt` stores for v: an FP8 cache holds v / scale (ops::KvCacheLayer's
+// per-tensor k_scale or v_scale); the others hold v itself, as the CPU backend's do.
+__device__ __forceinline__ float to_cache_value(float v, DType dt, float scale) {
+  return dt == DType::F8_E4M3 ? v / scale : v;
+}
+
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
+  return __uint_as_float(uint32_t(b) << 16);
 }
 
 // E2M1 (FP4): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, computed (a table indexed at

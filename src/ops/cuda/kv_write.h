@@ -8,7 +8,8 @@
 namespace tetra::ops::cuda {
 
 // rows [T, ...] -> cache [n_blocks, block_size, ...] at slot_mapping[t], converting the
-// element type (activations BF16 -> cache dtype).
-void cache_write(const KernelLaunch& launch, TensorView rows, TensorView slot_mapping, TensorView cache);
+// element type (activations BF16 -> cache dtype); an FP8 cache stores row / scale.
+void cache_write(const KernelLaunch& launch, TensorView rows, TensorView slot_mapping, TensorView cache,
+                 float scale = 1.0f);
 
 }  // namespace tetra::ops::cuda

@@ -1,5 +1,7 @@
 #include "ops/cuda/qk_rope_kv.h"
 
+#include <cmath>
+
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
 #include "ops/cuda/launch.cuh"
@@ -24,6 +26,7 @@ struct HeadArgs {
   void *k_cache, *v_cache;
   int64_t n_tokens, n_slots;
   int n_heads, n_kv_heads, d, d_v;
+  float k_scale, v_scale;  // an FP8 cache's (ops::KvCacheLayer)
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -95,9 +98,11 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs 
   if (slot < 0 || slot >= a.n_slots) return;
   __syncwarp();
   const int64_t k_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d;
-  for (int i = lane; i < a.d; i += 32) store_float(a.k_cache, k_at + i, a.cdt, load_float(x, base + i, a.dt));
+  for (int i = lane; i < a.d; i += 32)
+    store_float(a.k_cache, k_at + i, a.cdt, to_cache_value(load_float(x, base + i, a.dt), a.cdt, a.k_scale));
   const int64_t v_from = (t * a.n_kv_heads + kv_head) * a.d_v, v_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d_v;
-  for (int i = lane; i < a.d_v; i += 32) store_float(a.v_cache, v_at + i, a.cdt, load_float(a.v, v_from + i, a.vdt));
+  for (int i = lane; i < a.d_v; i += 32)
+    store_float(a.v_cache, v_at + i, a.cdt, to_cache_value(load_float(a.v, v_from + i, a.vdt), a.cdt, a.v_scale));
 }
 
 struct MlaArgs {
@@ -223,7 +228,7 @@ void mla_rope_cache_write(const KernelLaunch& launch, TensorView q, TensorView q
 
 void qk_norm_rope_kv_write(const KernelLaunch& launch, TensorView q, TensorView k, TensorView v, TensorView q_norm,
                            TensorView k_norm, float eps, TensorView positions, const RopeSpec& rope, TensorView slots,
-                           TensorView k_cache, TensorView v_cache) {
+                           TensorView k_cache, TensorView v_cache, float k_scale, float v_scale) {
   const char* op = "qk_norm_rope_kv_write";
   TETRA_CHECK(q.shape.rank == 3 && k.shape.rank == 3 && v.shape.rank == 3, op, ": q, k and v must be [T, heads, d]");
   const int64_t T = q.dim(0), H = q.dim(1), D = q.dim(2), KV = k.dim(1), Dv = v.dim(2);
@@ -243,12 +248,14 @@ void qk_norm_rope_kv_write(const KernelLaunch& launch, TensorView q, TensorView 
               op, ": the cache ", k_cache.shape.str(), " / ", v_cache.shape.str(), " does not hold ", KV,
               " KV heads of ", D, " and ", Dv);
   TETRA_CHECK(D <= INT32_MAX && Dv <= INT32_MAX && H + KV <= INT32_MAX, op, ": heads too wide");
+  TETRA_CHECK(std::isfinite(k_scale) && k_scale > 0 && std::isfinite(v_scale) && v_scale > 0, op,
+              ": the cache scales must be positive, not ", k_scale, " and ", v_scale);
   if (T == 0) return;
   HeadArgs a{q.data, k.data, v.data, q.dtype, v.dtype, q_norm.dtype, k_cache.dtype,
              q_norm.empty() ? nullptr : q_norm.data, k_norm.empty() ? nullptr : k_norm.data, eps,
              positions.as<const int32_t>(), rope.inv_freq.as<const float>(), rope.attention_scaling,
              rope.rotary_dim / 2, rope.interleaved, slots.as<const int32_t>(), k_cache.data, v_cache.data, T,
-             k_cache.dim(0) * k_cache.dim(1), int(H), int(KV), int(D), int(Dv)};
+             k_cache.dim(0) * k_cache.dim(1), int(H), int(KV), int(D), int(Dv), k_scale, v_scale};
   const int64_t warps = T * (H + KV);
   TETRA_CHECK((warps + kWarps - 1) / kWarps <= INT32_MAX, op, ": too many heads for one launch");
   launch_kernel(launch, qk_rope_kv_kernel, unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, a);

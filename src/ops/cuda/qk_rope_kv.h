@@ -10,10 +10,11 @@
 namespace tetra::ops::cuda {
 
 // q [T, H, D], k [T, KV, D], v [T, KV, Dv], rewritten in place (q and k); q_norm and k_norm
-// [D] or both empty; slots [T] (negative: write nothing).
+// [D] or both empty; slots [T] (negative: write nothing). An FP8 cache stores k / k_scale and
+// v / v_scale.
 void qk_norm_rope_kv_write(const KernelLaunch& launch, TensorView q, TensorView k, TensorView v, TensorView q_norm,
                            TensorView k_norm, float eps, TensorView positions, const RopeSpec& rope, TensorView slots,
-                           TensorView k_cache, TensorView v_cache);
+                           TensorView k_cache, TensorView v_cache, float k_scale, float v_scale);
 
 // Backend::mla_rope_cache_write: q [T, H, dn + dr] into q_nope [T, H, dn] and the rotated
 // q_rope [T, H, dr]; ckv [T, rank + dr] normalized (latent, weight kv_norm [rank]) and rotated

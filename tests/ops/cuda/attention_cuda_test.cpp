@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,6 +102,9 @@ struct AttnCase {
   int min_splits = 1;       // the plan must split the keys at least this many ways
   bool misalign_q = false;  // q 2 bytes off 16-byte alignment: only the fallback may take it
   float scale_mult = 1.0f;  // scale = scale_mult / sqrt(d_k); > 1 sharpens the softmax
+  // An FP8 (E4M3) cache holding k / k_scale and v / v_scale; the reference reads the same bytes.
+  bool fp8 = false;
+  float k_scale = 1.0f, v_scale = 1.0f;
 };
 
 void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
@@ -118,8 +122,14 @@ const char* path_name(PagedAttentionPath p) {
 struct HostBatch {
   PagedAttentionParams p{};
   int64_t n_blocks = 0;
-  std::vector<uint16_t> q, k_cache, v_cache;
+  std::vector<uint16_t> q, k_cache, v_cache;   // BF16; with an FP8 cache, the values before quantization
+  std::vector<uint8_t> k8, v8;                  // the FP8 cache's bytes
   std::vector<int32_t> positions, seq_starts, seq_lens, block_tables;
+
+  bool fp8() const { return p.fp8_cache; }
+  double k_at(size_t i) const { return fp8() ? double(e4m3_to_f32(k8[i])) * p.k_scale : bf16_to_f32(k_cache[i]); }
+  double v_at(size_t i) const { return fp8() ? double(e4m3_to_f32(v8[i])) * p.v_scale : bf16_to_f32(v_cache[i]); }
+  size_t cache_bytes(const std::vector<uint16_t>& c) const { return c.size() * (fp8() ? 1 : 2); }
 };
 
 HostBatch make_batch(const AttnCase& c, uint64_t seed) {
@@ -133,6 +143,8 @@ HostBatch make_batch(const AttnCase& c, uint64_t seed) {
   p.d_v = c.d_v;
   p.block_size = c.block_size;
   p.scale = c.scale_mult / std::sqrt(float(c.d_k));
+  p.fp8_cache = c.fp8;
+  if (c.fp8) p.k_scale = c.k_scale, p.v_scale = c.v_scale;
 
   int max_blocks = 1;
   for (const SeqSpec& s : c.seqs) {
@@ -170,6 +182,10 @@ HostBatch make_batch(const AttnCase& c, uint64_t seed) {
   for (auto& x : b.q) x = random_bf16(rng, 2.0f);
   for (auto& x : b.k_cache) x = random_bf16(rng, 2.0f);
   for (auto& x : b.v_cache) x = random_bf16(rng, 1.0f);
+  if (c.fp8) {
+    for (uint16_t x : b.k_cache) b.k8.push_back(f32_to_e4m3(bf16_to_f32(x) / c.k_scale));
+    for (uint16_t x : b.v_cache) b.v8.push_back(f32_to_e4m3(bf16_to_f32(x) / c.v_scale));
+  }
   return b;
 }
 
@@ -189,9 +205,9 @@ std::vector<double> reference(const HostBatch& b) {
       const int64_t block = b.block_tables[size_t(s) * p.max_blocks_per_seq + j / p.block_size];
       const int64_t slot = block * p.block_size + j % p.block_size;
       for (int i = 0; i < p.n_kv_heads * p.d_k; ++i)
-        k[size_t(j) * p.n_kv_heads * p.d_k + i] = bf16_to_f32(b.k_cache[size_t(slot * p.n_kv_heads * p.d_k + i)]);
+        k[size_t(j) * p.n_kv_heads * p.d_k + i] = b.k_at(size_t(slot * p.n_kv_heads * p.d_k + i));
       for (int i = 0; i < p.n_kv_heads * p.d_v; ++i)
-        v[size_t(j) * p.n_kv_heads * p.d_v + i] = bf16_to_f32(b.v_cache[size_t(slot * p.n_kv_heads * p.d_v + i)]);
+        v[size_t(j) * p.n_kv_heads * p.d_v + i] = b.v_at(size_t(slot * p.n_kv_heads * p.d_v + i));
     }
     parallel_for(int64_t(t1 - t0) * p.n_heads, [&](int64_t i) {
       const int t = t0 + int(i / p.n_heads), h = int(i % p.n_heads), g = h / group;
@@ -255,8 +271,8 @@ struct DeviceBatch {
 
   DeviceBatch(const HostBatch& b, bool misalign_q)
       : q(b.q.size() * 2 + 16),
-        k(b.k_cache.size() * 2),
-        v(b.v_cache.size() * 2),
+        k(b.cache_bytes(b.k_cache)),
+        v(b.cache_bytes(b.v_cache)),
         out((size_t(b.p.n_tokens) * b.p.n_heads * b.p.d_v + kGuard) * 2),
         positions(b.positions.size() * 4),
         seq_starts(b.seq_starts.size() * 4),
@@ -265,8 +281,8 @@ struct DeviceBatch {
         p(b.p),
         n_out(int64_t(b.p.n_tokens) * b.p.n_heads * b.p.d_v) {
     p.q = reinterpret_cast<const uint16_t*>(static_cast<uint8_t*>(q.p) + (misalign_q ? 2 : 0));
-    p.k_cache = static_cast<const uint16_t*>(k.p);
-    p.v_cache = static_cast<const uint16_t*>(v.p);
+    p.k_cache = k.p;
+    p.v_cache = v.p;
     p.out = static_cast<uint16_t*>(out.p);
     p.positions = static_cast<const int32_t*>(positions.p);
     p.seq_starts = static_cast<const int32_t*>(seq_starts.p);
@@ -281,8 +297,10 @@ struct DeviceBatch {
 void upload(const HostBatch& b, DeviceBatch& d) {
   ASSERT_TRUE(d.allocated()) << "cudaMalloc failed";
   CK(cudaMemcpy(const_cast<uint16_t*>(d.p.q), b.q.data(), b.q.size() * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d.k.p, b.k_cache.data(), b.k_cache.size() * 2, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d.v.p, b.v_cache.data(), b.v_cache.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.k.p, b.fp8() ? static_cast<const void*>(b.k8.data()) : b.k_cache.data(), b.cache_bytes(b.k_cache),
+                cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(d.v.p, b.fp8() ? static_cast<const void*>(b.v8.data()) : b.v_cache.data(), b.cache_bytes(b.v_cache),
+                cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d.positions.p, b.positions.data(), b.positions.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d.seq_starts.p, b.seq_starts.data(), b.seq_starts.size() * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d.seq_lens.p, b.seq_lens.data(), b.seq_lens.size() * 4, cudaMemcpyHostToDevice));
@@ -423,6 +441,24 @@ std::vector<AttnCase> all_cases() {
   cases.push_back({"fallback_d128_bs7_long", 32, 4, 128, 128, 7, {{5000, 1}, {52, 37}, {1, 1}}, E::Fallback, 1, true});
   cases.push_back({"fallback_d256_mix", 16, 4, 256, 256, 16, small_mix(), E::Fallback, 1, true});
   cases.push_back({"fallback_dk192_dv128_mix", 16, 4, 192, 128, 16, small_mix(), E::Fallback, 1, true});
+  // An FP8 cache (--kv-cache-dtype fp8_e4m3) on every path: the cases above that take each
+  // tile shape, scales that are no powers of 2. d 24 is whole 16-byte chunks in BF16 but not
+  // in FP8: the fallback takes it.
+  for (const char* name : {"decode_ctx_1000", "decode_ctx_32768", "decode_160_seqs", "decode_4_tokens", "prefill_300",
+                           "prefill_prefix_cached", "mixed_9_seqs", "empty_sequence", "dk192_dv128_prefill",
+                           "dk192_dv128_decode", "d256_decode_long", "dim_64_mix", "dim_64_decode", "dim_256_mix",
+                           "dim_24_decode", "block_size_7_mix", "block_size_1_decode", "fallback_d128_bs7_long",
+                           "fallback_dk192_dv128_mix"}) {
+    const auto it = std::find_if(cases.begin(), cases.end(), [&](const AttnCase& c) { return std::string(c.name) == name; });
+    TETRA_CHECK(it != cases.end(), "no attention case ", name);
+    AttnCase c = *it;
+    c.name = keep_name(std::string("fp8_") + name);
+    c.fp8 = true;
+    c.k_scale = 0.37f;
+    c.v_scale = 1.7f;
+    if (std::string(name) == "dim_24_decode") c.expect = E::Fallback;
+    cases.push_back(c);
+  }
   return cases;
 }
 
@@ -512,7 +548,7 @@ void time_case(const AttnCase& c, bool report_flops) {
   int64_t kv_bytes = 0;
   double flops = 0;
   for (const SeqSpec& s : c.seqs) {
-    kv_bytes += int64_t(s.context) * c.n_kv_heads * (c.d_k + c.d_v) * 2;
+    kv_bytes += int64_t(s.context) * c.n_kv_heads * (c.d_k + c.d_v) * (c.fp8 ? 1 : 2);
     flops += 4.0 * double(s.n_new) * s.n_new / 2 * c.d_k * c.n_heads;  // causal: half of Q K^T and P V
   }
   std::printf("[attention timing] %-22s %-8s splits %3d: %9.1f us", c.name, path_name(plan.path), plan.n_splits, us);
@@ -535,21 +571,47 @@ TEST(AttentionCudaTiming, Decode1Seq32768) {
   time_case(AttnCase{"decode_1x32768", 32, 4, 128, 128, 16, {{32768, 1}}}, false);
 }
 
+// The same two decodes over an FP8 cache: half the bytes.
+TEST(AttentionCudaTiming, Decode64Seqs4096Fp8) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  AttnCase c{"fp8_decode_64x4096", 32, 4, 128, 128, 16, {}};
+  c.seqs.assign(64, SeqSpec{4096, 1});
+  c.fp8 = true;
+  time_case(c, false);
+}
+
+TEST(AttentionCudaTiming, Decode1Seq32768Fp8) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  AttnCase c{"fp8_decode_1x32768", 32, 4, 128, 128, 16, {{32768, 1}}};
+  c.fp8 = true;
+  time_case(c, false);
+}
+
 TEST(AttentionCudaTiming, Prefill4096) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   time_case(AttnCase{"prefill_1x4096", 32, 4, 128, 128, 16, {{4096, 4096}}}, true);
 }
 
-// --kv-cache-dtype fp8_e4m3: the CUDA kernels read and write BF16 rows, so the backend refuses
-// an FP8 cache at start rather than misread one.
-TEST(AttentionCudaKvDtype, Fp8CacheIsRefusedAtStart) {
-  try {
-    make_backend({.device = "cuda", .kv_cache_dtype = DType::F8_E4M3});
-    FAIL() << "the CUDA backend took an FP8 KV cache";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the CUDA kernels do not read an FP8 KV cache yet"), std::string::npos)
-        << e.what();
-  }
+// --kv-cache-dtype fp8_e4m3: the CUDA backend keeps an E4M3 cache for GQA attention; its MLA
+// and DSA ops refuse one in one sentence before touching it.
+TEST(AttentionCudaKvDtype, Fp8CacheRunsGqaAndTheMlaOpsRefuseIt) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto b = make_backend({.device = "cuda", .kv_cache_dtype = DType::F8_E4M3});
+  EXPECT_EQ(b->kv_dtype(), DType::F8_E4M3);
+  auto latent = b->alloc(DType::F8_E4M3, {4, 16, 1, 576});
+  const KvCacheLayer layer{latent->view(), {}, latent->view()};
+  const auto expect_refusal = [](const std::function<void()>& op, const char* name) {
+    try {
+      op();
+      ADD_FAILURE() << name << " took an FP8 latent cache";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("read a BF16 latent cache only so far"), std::string::npos) << e.what();
+    }
+  };
+  expect_refusal([&] { b->mla_attention(b->context(), {}, {}, layer, {}, 1.0f, {}, {}); }, "mla_attention");
+  expect_refusal([&] { b->dsa_select(b->context(), {}, {}, layer, {}, 1.0f, 1.0f, {}); }, "dsa_select");
+  expect_refusal([&] { b->mla_rope_cache_write(b->context(), {}, {}, {}, {}, {}, 1e-6f, {}, {}, latent->view()); },
+                 "mla_rope_cache_write");
 }
 
 }  // namespace
