@@ -21,7 +21,8 @@ void fill_random(TensorView t, const RandomFill& fill, uint64_t seed) {
       case DType::F32: t.as<float>()[i] = v; break;
       case DType::BF16: t.as<uint16_t>()[i] = f32_to_bf16(v); break;
       case DType::F16: t.as<uint16_t>()[i] = f32_to_f16(v); break;
-      default: fail("random values need an F32, BF16 or F16 tensor, not ", dtype_name(t.dtype));
+      case DType::F8_E4M3: t.as<uint8_t>()[i] = f32_to_e4m3(v); break;  // a random FP8 KV cache
+      default: fail("random values need an F32, BF16, F16 or F8_E4M3 tensor, not ", dtype_name(t.dtype));
     }
   }
 }

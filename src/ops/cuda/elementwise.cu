@@ -179,7 +179,8 @@ void fill_random(const KernelLaunch& launch, TensorView t, const RandomFill& fil
     TETRA_CHECK(fill.span >= 1 && fill.lo >= 0 && fill.lo + fill.span <= 256, "random bytes out of range");
     launch_kernel(launch, fill_bytes_kernel, blocks_for(n), kThreads, 0, t.as<uint8_t>(), n, seed, fill.lo, fill.span);
   } else {
-    TETRA_CHECK(is_float(t.dtype), "random values need an F32, BF16 or F16 tensor, not ", dtype_name(t.dtype));
+    TETRA_CHECK(is_float(t.dtype) || t.dtype == DType::F8_E4M3, "random values need an F32, BF16, F16 or F8_E4M3 ",
+                "tensor, not ", dtype_name(t.dtype));
     launch_kernel(launch, fill_normal_kernel, blocks_for(n), kThreads, 0, t.data, t.dtype, n, seed,
                   fill.kind == RandomFill::NearOne ? 1.0f : 0.0f, fill.scale);
   }
