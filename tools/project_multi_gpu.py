@@ -27,8 +27,10 @@ from math import log2
 
 HBM = 4.24e12  # bytes/s, the H200's measured copy rate (docs/PERF.md)
 # Fraction of the byte floor one H200 reaches on the GLM-5 6-layer decode step at context
-# 4,096, by batch (docs/PERF.md: 56.8% at 1, 74.2% at 64 and 96.0% at 256 at aa4e72d).
-MEASURED_FLOOR_FRACTION = {1: 0.568, 64: 0.742, 256: 0.960}
+# 4,096, by batch: `tetra bench decode --skip-prefill` (docs/PERF.md, 2026-12-02: 58.5% at 1,
+# 59.0% at 16, 57.3% at 64, 36.8% at 256). The earlier 74.2% at 64 and 96.0% at 256 came from
+# prefilled dummy runs, whose step times spread 2x from min to max and sat below these.
+MEASURED_FLOOR_FRACTION = {1: 0.585, 16: 0.590, 64: 0.573, 256: 0.368}
 # Prefill rate: the NVFP4 MoE layer at T = 4,096 ran 276 TFLOP/s and attention prefill 174
 # (docs/PERF.md); most prefill FLOPs are the MoE's.
 PREFILL_FLOPS = 250e12
