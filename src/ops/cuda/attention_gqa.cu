@@ -90,14 +90,13 @@ struct TileShape {
   // share is the system's). Prefill: 2 blocks of 8 warps at 128 registers; D = 256 keeps 128
   // accumulators a thread and runs one block.
   static constexpr int kMinBlocks = kSplitKeys ? std::min(4, 227 * 1024 / (kSmemBytes + 1024)) : (D == 256 ? 1 : 2);
-  static_assert(D % 16 == 0 && D <= kMaxHeadDim, "D is a multiple of the mma's K");
+  static_assert(D % 16 == 0 && D <= kMaxHeadDim, "D is a multiple of the mma's K (and FP8 rows whole 16-byte chunks)");
   static_assert(kWarpKeys % 16 == 0 && kBlockN <= kThreads, "16-key k-steps; one thread finds each key's slot");
   static_assert(kStages >= 2, "one tile computed while the next lands");
   static_assert(kRows * kChunks % kThreads == 0 && kBlockN * kChunks % kThreads == 0,
                 "every thread copies the same number of chunks");
   static_assert(!kSplitKeys || kWarps * 16 * kMergeRowFloats * 4 <= kSlotsOffset - kQBytes,
                 "the merge fits in the K/V tiles");
-  static_assert(D % 16 == 0, "FP8 rows are whole 16-byte chunks");
 };
 
 __device__ __forceinline__ int slot_of(const PagedAttentionParams& p, int seq, int key) {
