@@ -15,9 +15,10 @@
 //   past the block's last position are never loaded, and a warp skips the tiles that are
 //   masked for all of its rows. Few row tiles on long contexts are split over keys as well.
 // K/V tiles stream through shared-memory stages with 16-byte cp.async, the block-table lookups
-// one tile ahead of the copies (an FP8 cache's stages hold its bytes, widened to one BF16 K/V
-// tile before each tile's MMAs); head dims that are a multiple of 8 are zero-padded to the
-// tile's D (64, 128 or 256). Everything else runs on attention_fallback_kernel: one warp per
+// one tile ahead of the copies; head dims that are a multiple of 8 are zero-padded to the
+// tile's D (64, 128 or 256). An FP8 cache's stages hold its bytes: decode tiles run FP16 MMAs
+// whose K and V fragments are converted from those bytes in registers (attention_fp8_layout.h),
+// prefill tiles widen each tile to BF16 K and V tiles first. Everything else runs on attention_fallback_kernel: one warp per
 // (token, head), f32 CUDA cores.
 //
 // The key range of a block is [0, max position of its rows + 1), read from `positions`:
@@ -32,6 +33,7 @@
 #include <climits>
 #include <cmath>
 
+#include "ops/cuda/attention_fp8_layout.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
 #include "ops/cuda/launch.cuh"
@@ -61,12 +63,14 @@ struct KernelArgs {
 // and scores every key of the tile. Decode (kSplitKeys true): the warps share one 16-row tile
 // and each scores its own kBlockN / kWarps keys of the tile, then the warps' softmax states
 // are merged: more warps per SM to hide the latency of a stream that no other work covers.
-// kFp8: the stages hold the cache's E4M3 rows (D bytes apart), and each tile is widened
+// kFp8: the stages hold the cache's E4M3 rows (D bytes apart). Decode tiles read their MMA
+// fragments from them (kFp8Fragments: FP16 MMAs, Q stored as FP16); prefill tiles widen each
 // into one BF16 K tile and one V tile (the layout of a BF16 stage) before it is computed.
 template <int D, int kWarps, int kBlockN, int kStages, bool kSplitKeys, bool kFp8 = false>
 struct TileShape {
   static constexpr int kD = D, kWarpCount = kWarps, kKeys = kBlockN, kStageCount = kStages;
   static constexpr bool kWarpsSplitKeys = kSplitKeys, kFp8Cache = kFp8;
+  static constexpr bool kFp8Fragments = kFp8 && kSplitKeys, kFp8Widened = kFp8 && !kSplitKeys;
   static constexpr int kRows = kSplitKeys ? 16 : 16 * kWarps;
   static constexpr int kWarpKeys = kSplitKeys ? kBlockN / kWarps : kBlockN;  // keys a warp scores
   static constexpr int kThreads = 32 * kWarps;
@@ -77,19 +81,23 @@ struct TileShape {
   static constexpr int kStride = D + 8;
   static constexpr int kQBytes = kRows * kStride * 2;
   static constexpr int kKvBytes = kBlockN * kStride * 2;  // one K or V tile
-  static constexpr int kStride8 = D;  // bytes between FP8 rows of a stage: read row by row, no skew
+  static constexpr int kStride8 = D;  // bytes between FP8 rows of a stage: no skew
   static constexpr int kKv8Bytes = kBlockN * kStride8;    // one FP8 K or V tile
-  // BF16: the stages follow Q. FP8: the BF16 K and V tiles follow Q, then the FP8 stages.
-  static constexpr int kStage0Offset = kQBytes + (kFp8 ? 2 * kKvBytes : 0);
+  // The stages follow Q, except that a widened FP8 tile's BF16 K and V tiles come between.
+  static constexpr int kStage0Offset = kQBytes + (kFp8Widened ? 2 * kKvBytes : 0);
   static constexpr int kStageBytes = 2 * (kFp8 ? kKv8Bytes : kKvBytes);  // K then V
   static constexpr int kSlotsOffset = kStage0Offset + kStages * kStageBytes;
-  static constexpr int kSmemBytes = kSlotsOffset + kStages * kBlockN * 4;
+  // FP8 fragments: each row's softmax scale (Q's FP16 scaling folded in) after the slots.
+  static constexpr int kRowScaleOffset = kSlotsOffset + kStages * kBlockN * 4;
+  static constexpr int kSmemBytes = kRowScaleOffset + (kFp8Fragments ? kRows * 4 : 0);
   static constexpr int kMergeRowFloats = D + 2;  // a row's O, then its m and l
   // Blocks an SM must hold at once; it caps the registers so that they are not what stops
   // the next block. Decode: as many as shared memory allows, up to 4 (1 KB of each block's
-  // share is the system's). Prefill: 2 blocks of 8 warps at 128 registers; D = 256 keeps 128
-  // accumulators a thread and runs one block.
-  static constexpr int kMinBlocks = kSplitKeys ? std::min(4, 227 * 1024 / (kSmemBytes + 1024)) : (D == 256 ? 1 : 2);
+  // share is the system's), and up to 3 with FP8 fragments (D = 128 needs 158 registers; 128
+  // spills). Prefill: 2 blocks of 8 warps at 128 registers; D = 256 keeps 128 accumulators a
+  // thread and runs one block.
+  static constexpr int kMinBlocks =
+      kSplitKeys ? std::min(kFp8 ? 3 : 4, 227 * 1024 / (kSmemBytes + 1024)) : (D == 256 ? 1 : 2);
   static_assert(D % 16 == 0 && D <= kMaxHeadDim, "D is a multiple of the mma's K (and FP8 rows whole 16-byte chunks)");
   static_assert(kWarpKeys % 16 == 0 && kBlockN <= kThreads, "16-key k-steps; one thread finds each key's slot");
   static_assert(kStages >= 2, "one tile computed while the next lands");
@@ -182,10 +190,12 @@ __device__ __forceinline__ void copy_kv_tile(const KernelArgs& a, const RowTile&
       const bool k_valid = slot >= 0 && 16 * c < a.p.d_k, v_valid = slot >= 0 && 16 * c < a.p.d_v;
       const uint8_t* k_cache = static_cast<const uint8_t*>(a.p.k_cache);
       const uint8_t* v_cache = static_cast<const uint8_t*>(a.p.v_cache);
-      cp_async_16(smem_addr(k_stage + r * T::kStride8 + 16 * c),
-                  k_valid ? k_cache + cache_row * a.p.d_k + 16 * c : k_cache, k_valid);
-      cp_async_16(smem_addr(v_stage + r * T::kStride8 + 16 * c),
-                  v_valid ? v_cache + cache_row * a.p.d_v + 16 * c : v_cache, v_valid);
+      // Decode tiles swizzle their rows' chunks for the fragment loads; widen_rows reads rows
+      // in place.
+      const int k_dst = T::kFp8Fragments ? fp8_tile::k_offset(T::kD, r, 16 * c) : r * T::kStride8 + 16 * c;
+      const int v_dst = T::kFp8Fragments ? fp8_tile::v_offset(T::kD, r, 16 * c) : r * T::kStride8 + 16 * c;
+      cp_async_16(smem_addr(k_stage + k_dst), k_valid ? k_cache + cache_row * a.p.d_k + 16 * c : k_cache, k_valid);
+      cp_async_16(smem_addr(v_stage + v_dst), v_valid ? v_cache + cache_row * a.p.d_v + 16 * c : v_cache, v_valid);
     }
     return;
   }
@@ -252,6 +262,70 @@ struct QOperand {
   __device__ __forceinline__ void get(int kk, uint32_t (&a)[4]) const { ldmatrix_x4(a, addr + kk * 32); }
 };
 
+// An FP8 decode tile's Q rows as this thread loaded them: kThreads / 16 threads a row, 8 dims
+// a 16-byte chunk. Loaded before the tile's first K/V copies are issued, stored after them.
+template <class T>
+struct QRowsBf16 {
+  static constexpr int kThreadsPerRow = T::kThreads / T::kRows;
+  static constexpr int kChunks = T::kChunks / kThreadsPerRow;  // this thread's chunks of its row
+  static_assert(T::kThreads % T::kRows == 0 && 32 % kThreadsPerRow == 0 && T::kChunks % kThreadsPerRow == 0,
+                "a row's threads are lanes of one warp and share its chunks evenly");
+  uint4 v[kChunks];  // chunk tid % kThreadsPerRow + i * kThreadsPerRow of row tid / kThreadsPerRow
+};
+
+template <class T>
+__device__ __forceinline__ QRowsBf16<T> load_q_rows(const KernelArgs& a, const RowTile& w) {
+  using Q = QRowsBf16<T>;
+  const int tid = int(threadIdx.x), row = w.row0 + tid / Q::kThreadsPerRow;
+  const uint16_t* src = nullptr;
+  if (row < w.n_rows) {
+    const int token = w.token_begin + row / a.group, head = w.kv_head * a.group + row % a.group;
+    src = a.p.q + (int64_t(token) * a.p.n_heads + head) * a.p.d_k;
+  }
+  Q q;
+#pragma unroll
+  for (int i = 0; i < Q::kChunks; ++i) {
+    const int c = tid % Q::kThreadsPerRow + i * Q::kThreadsPerRow;
+    q.v[i] = src && 8 * c < a.p.d_k ? __ldg(reinterpret_cast<const uint4*>(src + 8 * c)) : make_uint4(0, 0, 0, 0);
+  }
+  return q;
+}
+
+// Stores the rows as FP16 in the column order of warp_scores_fp8 (fp8_tile::q_column), each row
+// scaled by the power of two 2^e that puts its largest |q| in [2^14, 2^15): exact, since a BF16
+// value's 8 significant bits fit FP16's 11, and far from FP16's overflow at 65,504. The row's
+// softmax scale takes the 2^-e back.
+template <class T>
+__device__ __forceinline__ void store_q_rows(const KernelArgs& a, const QRowsBf16<T>& q, uint16_t* q_smem,
+                                             float* row_scale_log2) {
+  using Q = QRowsBf16<T>;
+  const int tid = int(threadIdx.x), r = tid / Q::kThreadsPerRow;
+  float m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < Q::kChunks; ++i)
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t pair = word(q.v[i], w);
+      m = fmaxf(m, fmaxf(fabsf(bf16_to_float(uint16_t(pair))), fabsf(bf16_to_float(uint16_t(pair >> 16)))));
+    }
+#pragma unroll
+  for (int o = Q::kThreadsPerRow / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  // e = 14 - floor(log2 m), capped where 2^-e would leave the normal floats (a row of zeros: 0).
+  const int e = m == 0.0f ? 0 : min(14 - (int(__float_as_uint(m) >> 23) - 127), 126);
+  const float up = __uint_as_float(uint32_t(127 + e) << 23);
+  if (tid % Q::kThreadsPerRow == 0) row_scale_log2[r] = a.scale_log2 * __uint_as_float(uint32_t(127 - e) << 23);
+#pragma unroll
+  for (int i = 0; i < Q::kChunks; ++i) {
+    const int c = tid % Q::kThreadsPerRow + i * Q::kThreadsPerRow;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {  // dims 8c + 2w, 8c + 2w + 1 stay adjacent under q_column
+      const uint32_t pair = word(q.v[i], w);
+      *reinterpret_cast<uint32_t*>(q_smem + r * T::kStride + fp8_tile::q_column(8 * c + 2 * w)) =
+          pack_f16x2(bf16_to_float(uint16_t(pair)) * up, bf16_to_float(uint16_t(pair >> 16)) * up);
+    }
+  }
+}
+
 // s = Q K^T for the warp's 16 rows and the tile's keys (raw dot products).
 template <class T>
 __device__ __forceinline__ void warp_scores(const KernelArgs& a, const QOperand<T>& q,
@@ -280,10 +354,41 @@ __device__ __forceinline__ void warp_scores(const KernelArgs& a, const QOperand<
   }
 }
 
+// warp_scores for an FP8 tile (kFp8Fragments): the K fragments are converted from the stage's
+// bytes in registers, Q is FP16 in q_column order. key_row0: the warp's first key row.
+template <class T>
+__device__ __forceinline__ void warp_scores_fp8(const KernelArgs& a, const QOperand<T>& q, const uint8_t* k_stage,
+                                                int key_row0, int lane, float (&s)[T::kWarpKeys / 8][4]) {
+#pragma unroll
+  for (int n = 0; n < T::kWarpKeys / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[n][i] = 0.0f;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < T::kD / 64; ++h) {  // 64 dims: one 16-byte load a key row, four k-steps
+    if (64 * h >= a.p.d_k) break;
+    uint4 k[T::kWarpKeys / 8];
+#pragma unroll
+    for (int n = 0; n < T::kWarpKeys / 8; ++n)
+      k[n] = *reinterpret_cast<const uint4*>(k_stage + fp8_tile::k_offset(T::kD, key_row0 + 8 * n + g, 64 * h + 16 * t));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t qa[4];
+      q.get(4 * h + j, qa);
+#pragma unroll
+      for (int n = 0; n < T::kWarpKeys / 8; ++n) {
+        const uint32_t pairs = word(k[n], j);  // fp8_tile::k_dim(4h + j, t, 0 and 1)
+        mma_f16_16x8x16(s[n], qa, e4m3x2_to_f16x2(pairs & 0xffffu), e4m3x2_to_f16x2(pairs >> 16));
+      }
+    }
+  }
+}
+
 // Turns the tile's scores into p = exp2(score - running max) in place, rescales the running
 // sum and O by the change of the max. `masked`: some key of the tile is past some row's limit.
+// scale_log2: the lane's two rows' softmax scales.
 template <class T>
-__device__ __forceinline__ void online_softmax(const KernelArgs& a, const LaneRows& rows, int key0,
+__device__ __forceinline__ void online_softmax(const LaneRows& rows, const float (&scale_log2)[2], int key0,
                                                bool masked, int lane, float (&s)[T::kWarpKeys / 8][4],
                                                WarpState<T::kD>& st) {
   float tile_max[2] = {-INFINITY, -INFINITY};
@@ -291,7 +396,7 @@ __device__ __forceinline__ void online_softmax(const KernelArgs& a, const LaneRo
   for (int n = 0; n < T::kWarpKeys / 8; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float x = s[n][i] * a.scale_log2;
+      float x = s[n][i] * scale_log2[i / 2];
       if (masked && key0 + 8 * n + 2 * (lane % 4) + (i & 1) > rows.key_limit[i / 2]) x = -INFINITY;
       s[n][i] = x;
       tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
@@ -349,6 +454,37 @@ __device__ __forceinline__ void accumulate_pv(const KernelArgs& a, const float (
   }
 }
 
+// accumulate_pv for an FP8 tile: n-tile 4q + j of O holds dims fp8_tile::v_dim(4q + j, .), byte
+// j of the 4 bytes a lane loads from each of its four key rows of the k-step.
+template <class T>
+__device__ __forceinline__ void accumulate_pv_fp8(const KernelArgs& a, const float (&p)[T::kWarpKeys / 8][4],
+                                                  const uint8_t* v_stage, int key_row0, int lane,
+                                                  WarpState<T::kD>& st) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int kk = 0; kk < T::kWarpKeys / 16; ++kk) {
+    const uint32_t pa[4] = {pack_f16x2(p[2 * kk][0], p[2 * kk][1]), pack_f16x2(p[2 * kk][2], p[2 * kk][3]),
+                            pack_f16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                            pack_f16x2(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    const int row = key_row0 + 16 * kk + 2 * t;  // the fragment's keys 2t, 2t + 1, 2t + 8, 2t + 9
+#pragma unroll
+    for (int q = 0; q < T::kD / 32; ++q) {
+      if (32 * q >= a.p.d_v) break;  // padded output dims are never stored
+      const auto v_word = [&](int r) {
+        return *reinterpret_cast<const uint32_t*>(v_stage + fp8_tile::v_offset(T::kD, r, 32 * q + 4 * g));
+      };
+      const uint32_t w0 = v_word(row), w1 = v_word(row + 1), w8 = v_word(row + 8), w9 = v_word(row + 9);
+      // Byte j of keys (2t, 2t + 1) side by side, and of (2t + 8, 2t + 9): b0 and b1 of n-tile 4q + j.
+      const uint32_t b0_01 = __byte_perm(w0, w1, 0x5140), b0_23 = __byte_perm(w0, w1, 0x7362);
+      const uint32_t b1_01 = __byte_perm(w8, w9, 0x5140), b1_23 = __byte_perm(w8, w9, 0x7362);
+      mma_f16_16x8x16(st.acc[4 * q], pa, e4m3x2_to_f16x2(b0_01 & 0xffffu), e4m3x2_to_f16x2(b1_01 & 0xffffu));
+      mma_f16_16x8x16(st.acc[4 * q + 1], pa, e4m3x2_to_f16x2(b0_01 >> 16), e4m3x2_to_f16x2(b1_01 >> 16));
+      mma_f16_16x8x16(st.acc[4 * q + 2], pa, e4m3x2_to_f16x2(b0_23 & 0xffffu), e4m3x2_to_f16x2(b1_23 & 0xffffu));
+      mma_f16_16x8x16(st.acc[4 * q + 3], pa, e4m3x2_to_f16x2(b0_23 >> 16), e4m3x2_to_f16x2(b1_23 >> 16));
+    }
+  }
+}
+
 // The lane's rows of O: normalized to `out` in BF16, or (split runs) unnormalized to the
 // workspace with their max and sum.
 template <class T>
@@ -360,6 +496,29 @@ __device__ __forceinline__ void store_rows(const KernelArgs& a, const RowTile& w
     const float l = st.l[r];
     if (!rows.valid[r]) continue;
     const int64_t out_row = int64_t(rows.token[r]) * a.p.n_heads + rows.head[r];
+    if constexpr (T::kFp8Fragments) {
+      // The lane holds dims 32q + 8t .. + 7 of each 32-dim group q (fp8_tile::out_dim).
+      const bool split = a.n_splits > 1;
+      const float factor = split ? a.v_scale : l > 0.0f ? a.v_scale / l : 0.0f;
+#pragma unroll
+      for (int q = 0; q < T::kD / 32; ++q) {
+        const int dim0 = 32 * q + 8 * t;
+        if (dim0 >= a.p.d_v) continue;
+        float o[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[j] = st.acc[4 * q + j][2 * r] * factor, o[4 + j] = st.acc[4 * q + j][2 * r + 1] * factor;
+        if (split) {
+          float4* dst = reinterpret_cast<float4*>(a.partial_acc + (out_row * a.n_splits + w.split) * a.p.d_v + dim0);
+          dst[0] = make_float4(o[0], o[1], o[2], o[3]);
+          dst[1] = make_float4(o[4], o[5], o[6], o[7]);
+        } else {
+          *reinterpret_cast<uint4*>(a.p.out + out_row * a.p.d_v + dim0) =
+              make_uint4(pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3]), pack_bf16x2(o[4], o[5]), pack_bf16x2(o[6], o[7]));
+        }
+      }
+      if (split && t == 0) a.partial_ml[out_row * a.n_splits + w.split] = make_float2(st.m[r], l);
+      continue;
+    }
     if (a.n_splits > 1) {
       const int64_t part = out_row * a.n_splits + w.split;
       float* dst = a.partial_acc + part * a.p.d_v;
@@ -477,16 +636,17 @@ __device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* sm
   constexpr int S = T::kStageCount;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   // Stage s: K tile, V tile and key slots (computed from s: a pointer array indexed by a
-  // run-time stage would live in local memory). The MMAs read a BF16 stage itself, or the
-  // BF16 tiles an FP8 stage is widened into.
+  // run-time stage would live in local memory). The MMAs read a stage itself, or the BF16
+  // tiles a prefill FP8 stage is widened into.
   uint16_t* q_smem = reinterpret_cast<uint16_t*>(smem);
+  float* row_scale_log2 = reinterpret_cast<float*>(smem + T::kRowScaleOffset);  // FP8 fragments only
   const auto k_stage = [&](int s) { return smem + T::kStage0Offset + s * T::kStageBytes; };
   const auto v_stage = [&](int s) { return k_stage(s) + T::kStageBytes / 2; };
   const auto k_smem = [&](int s) {
-    return reinterpret_cast<uint16_t*>(T::kFp8Cache ? smem + T::kQBytes : k_stage(s));
+    return reinterpret_cast<uint16_t*>(T::kFp8Widened ? smem + T::kQBytes : k_stage(s));
   };
   const auto v_smem = [&](int s) {
-    return reinterpret_cast<uint16_t*>(T::kFp8Cache ? smem + T::kQBytes + T::kKvBytes : v_stage(s));
+    return reinterpret_cast<uint16_t*>(T::kFp8Widened ? smem + T::kQBytes + T::kKvBytes : v_stage(s));
   };
   const auto slots = [&](int s) { return reinterpret_cast<int32_t*>(smem + T::kSlotsOffset) + s * T::kKeys; };
 
@@ -516,13 +676,18 @@ __device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* sm
 #pragma unroll
       for (int j = 0; j < S; ++j) slots(j)[tid] = slot_or_none(a, w, tile_key(j));
     }
-    load_q_tile<T>(a, w, q_smem);
+    // FP8 fragments: Q's loads are in flight across the barrier and the first copies, and its
+    // FP16 rows are published by the loop's first barrier. Otherwise Q is copied with tile 0.
+    QRowsBf16<T> q_rows;
+    if constexpr (T::kFp8Fragments) q_rows = load_q_rows<T>(a, w);
+    else load_q_tile<T>(a, w, q_smem);
     __syncthreads();  // the slots of tiles 0 .. S - 1
 #pragma unroll
     for (int j = 0; j < S - 1; ++j) {
       if (j < n_tiles) copy_kv_tile<T>(a, w, slots(j), k_stage(j), v_stage(j));
       cp_async_commit();  // Q joins tile 0's group
     }
+    if constexpr (T::kFp8Fragments) store_q_rows<T>(a, q_rows, q_smem, row_scale_log2);
     const QOperand<T> q(q_smem, warp_row0, lane);
     for (int it = 0; it < n_tiles; ++it) {
       const int stage = it % S, next = it + S - 1;
@@ -533,23 +698,26 @@ __device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* sm
       if (next < n_tiles) copy_kv_tile<T>(a, w, slots(next % S), k_stage(next % S), v_stage(next % S));
       cp_async_commit();
       const int ahead_slot = tid < T::kKeys ? slot_or_none(a, w, tile_key(next + 1)) : -1;
-      if constexpr (T::kFp8Cache) {
-        // The BF16 tiles are free: every warp is past tile it - 1 (the barrier above). A decode
-        // warp widens the keys it scores itself; prefill warps share every key.
-        if constexpr (T::kWarpsSplitKeys) {
-          widen_rows<T, T::kWarpKeys, 32>(k_stage(stage), v_stage(stage), k_smem(stage), v_smem(stage), warp_key0, lane);
-          __syncwarp();
-        } else {
-          widen_rows<T, T::kKeys, T::kThreads>(k_stage(stage), v_stage(stage), k_smem(stage), v_smem(stage), 0, tid);
-          __syncthreads();
-        }
+      if constexpr (T::kFp8Widened) {
+        // The BF16 tiles are free: every warp is past tile it - 1 (the barrier above).
+        widen_rows<T, T::kKeys, T::kThreads>(k_stage(stage), v_stage(stage), k_smem(stage), v_smem(stage), 0, tid);
+        __syncthreads();
       }
       const int key0 = w.key_begin + it * T::kKeys + warp_key0;
       if (key0 <= warp_last_key) {
+        const bool masked = key0 + T::kWarpKeys > warp_first_masked;
         float s[T::kWarpKeys / 8][4];
-        warp_scores<T>(a, q, k_smem(stage) + warp_key0 * T::kStride, lane, s);
-        online_softmax<T>(a, rows, key0, key0 + T::kWarpKeys > warp_first_masked, lane, s, st);
-        accumulate_pv<T>(a, s, v_smem(stage) + warp_key0 * T::kStride, lane, st);
+        if constexpr (T::kFp8Fragments) {
+          const float scale[2] = {row_scale_log2[lane / 4], row_scale_log2[lane / 4 + 8]};
+          warp_scores_fp8<T>(a, q, k_stage(stage), warp_key0, lane, s);
+          online_softmax<T>(rows, scale, key0, masked, lane, s, st);
+          accumulate_pv_fp8<T>(a, s, v_stage(stage), warp_key0, lane, st);
+        } else {
+          const float scale[2] = {a.scale_log2, a.scale_log2};
+          warp_scores<T>(a, q, k_smem(stage) + warp_key0 * T::kStride, lane, s);
+          online_softmax<T>(rows, scale, key0, masked, lane, s, st);
+          accumulate_pv<T>(a, s, v_smem(stage) + warp_key0 * T::kStride, lane, st);
+        }
       }
       // Tile it's slots were used when it was copied: the buffer takes tile it + S.
       if (tid < T::kKeys) slots(stage)[tid] = ahead_slot;
@@ -706,10 +874,10 @@ __global__ void __launch_bounds__(kFallbackWarps * 32) attention_fallback_kernel
 // 16 rows and take 16 keys each of a 64-key tile (D = 256: 2 warps, 32-key tiles); two stages,
 // since a third costs more in blocks per SM than it gains in bytes in flight. Prefill: 8 warps
 // own 128 rows (D = 256: 4 warps, 64 rows) against 32-key tiles, three stages.
-// An FP8 cache takes the same tiles, its stages holding bytes (at D = 128 in decode, 3 blocks
-// an SM, as BF16).
+// An FP8 cache takes the same tiles, its stages holding bytes; in decode three of them (half a
+// BF16 stage each: the warps' merge needs the room), 3 blocks an SM at D = 128 as in BF16.
 template <int D, bool kFp8 = false>
-using DecodeTile = TileShape<D, D == 256 ? 2 : 4, D == 256 ? 32 : 64, 2, true, kFp8>;
+using DecodeTile = TileShape<D, D == 256 ? 2 : 4, D == 256 ? 32 : 64, kFp8 ? 3 : 2, true, kFp8>;
 template <int D, bool kFp8 = false>
 using PrefillTile = TileShape<D, D == 256 ? 4 : 8, 32, D == 256 ? 2 : 3, false, kFp8>;
 

@@ -1,9 +1,11 @@
 // The mma.sync building blocks the attention kernels share (sm_80+ instructions, run on
-// sm_90a): cp.async copies, ldmatrix, the BF16 m16n8k16 MMA, and the small reductions of its
-// accumulator layout.
+// sm_90a): cp.async copies, ldmatrix, the BF16 and FP16 m16n8k16 MMAs, and the small
+// reductions of their accumulator layout.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -55,6 +57,23 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same with FP16 operands (an FP8 cache's E4M3 values widen to FP16 exactly, in one cvt).
+__device__ __forceinline__ void mma_f16_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two E4M3 values (the low 16 bits: first value in the low byte) as an FP16 pair, first value
+// in the low half: the layout of an MMA fragment register.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  return uint32_t(h.x) | uint32_t(h.y) << 16;
+}
+
 __device__ __forceinline__ float exp2_approx(float x) {  // ex2(-inf) = 0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -63,6 +82,11 @@ __device__ __forceinline__ float exp2_approx(float x) {  // ex2(-inf) = 0
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 

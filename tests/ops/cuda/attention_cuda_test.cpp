@@ -105,6 +105,9 @@ struct AttnCase {
   // An FP8 (E4M3) cache holding k / k_scale and v / v_scale; the reference reads the same bytes.
   bool fp8 = false;
   float k_scale = 1.0f, v_scale = 1.0f;
+  // Row r of q (a token's head) times 2^((5r) % 17 - 12): magnitudes 2^-12 .. 2^4 apart, so a
+  // kernel that scales each row on its own (an FP8 cache's FP16 Q) must keep every row's scale.
+  bool q_row_scales = false;
 };
 
 void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
@@ -180,6 +183,11 @@ HostBatch make_batch(const AttnCase& c, uint64_t seed) {
   // q . k over [-2, 2] gives scores of standard deviation ~1.3 at scale 1/sqrt(d): a softmax
   // neither flat nor one-hot.
   for (auto& x : b.q) x = random_bf16(rng, 2.0f);
+  if (c.q_row_scales)
+    for (size_t i = 0; i < b.q.size(); ++i) {
+      const int row = int(i / size_t(p.d_k));
+      b.q[i] = f32_to_bf16(std::ldexp(bf16_to_f32(b.q[i]), (5 * row) % 17 - 12));  // exact: a power of 2
+    }
   for (auto& x : b.k_cache) x = random_bf16(rng, 2.0f);
   for (auto& x : b.v_cache) x = random_bf16(rng, 1.0f);
   if (c.fp8) {
@@ -416,6 +424,9 @@ std::vector<AttnCase> all_cases() {
   };
   cases[6].seqs.clear();
   for (int s = 0; s < 160; ++s) cases[6].seqs.push_back({1 + (s * 97) % 1500, 1});
+  AttnCase row_scales{"decode_q_row_scales", 32, 4, 128, 128, 16, {{1000, 1}, {37, 1}, {4096, 1}}, E::Decode, 2};
+  row_scales.q_row_scales = true;
+  cases.push_back(row_scales);
 
   // Head dims: the mma paths zero-pad multiples of 8; 20 takes the fallback.
   for (int d : {8, 20, 24, 32, 64, 128, 256}) {
@@ -444,7 +455,7 @@ std::vector<AttnCase> all_cases() {
   // An FP8 cache (--kv-cache-dtype fp8_e4m3) on every path: the cases above that take each
   // tile shape, scales that are no powers of 2. d 24 is whole 16-byte chunks in BF16 but not
   // in FP8: the fallback takes it.
-  for (const char* name : {"decode_ctx_1000", "decode_ctx_32768", "decode_160_seqs", "decode_4_tokens", "prefill_300",
+  for (const char* name : {"decode_ctx_1000", "decode_ctx_32768", "decode_q_row_scales", "decode_160_seqs", "decode_4_tokens", "prefill_300",
                            "prefill_prefix_cached", "mixed_9_seqs", "empty_sequence", "dk192_dv128_prefill",
                            "dk192_dv128_decode", "d256_decode_long", "dim_64_mix", "dim_64_decode", "dim_256_mix",
                            "dim_24_decode", "block_size_7_mix", "block_size_1_decode", "fallback_d128_bs7_long",
