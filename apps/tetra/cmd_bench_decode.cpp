@@ -33,6 +33,10 @@ using runtime::OpClass;
 
 struct StepTimes {
   double median = 0, min = 0, max = 0;  // seconds
+  // The median of a step's wall time less the engine's wait for the device in it: host work
+  // (scheduling, inputs, launches, sampling's setup, outputs) while the device has nothing to
+  // run; what overlapping the next step's host work with this one's forward would save.
+  double host = 0;
 };
 
 StepTimes summarize(std::vector<double> t) {
@@ -114,11 +118,13 @@ StepTimes run_engine(model::Model& m, ops::Backend& b, runtime::EngineConfig con
   while (!all_started()) TETRA_CHECK(engine.step(), "bench decode: the engine stopped before every prompt ran");
   if (fill_s) *fill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - fill_start).count();
   const int64_t graph_steps_before = engine.stats().graph_steps;
-  std::vector<double> t;
+  std::vector<double> t, host;
   for (int i = 0; i < steps; ++i) {
+    const double wait0 = engine.stats().device_wait_s;
     const auto t0 = std::chrono::steady_clock::now();
     engine.step();
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    host.push_back(t.back() - (engine.stats().device_wait_s - wait0));
   }
   if (graph_steps) *graph_steps = engine.stats().graph_steps - graph_steps_before;
   if (prof) {
@@ -130,7 +136,9 @@ StepTimes run_engine(model::Model& m, ops::Backend& b, runtime::EngineConfig con
       profiled->push_back(prof->times());
     }
   }
-  return summarize(t);
+  StepTimes times = summarize(t);
+  times.host = summarize(host).median;
+  return times;
 }
 
 std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
@@ -236,7 +244,8 @@ int cmd_bench_decode(int argc, char** argv) {
 
     std::printf("%s, context %lld, %d steps timed per batch (median, min-max); floor at %.2f TB/s\n",
                 model_dir.c_str(), (long long)context, steps, bandwidth_tbs);
-    std::printf("%6s %22s %10s %9s %8s %9s", "batch", "step ms", "tok/s", "floor ms", "% floor", "eager ms");
+    std::printf("%6s %22s %10s %9s %8s %8s %9s", "batch", "step ms", "tok/s", "floor ms", "% floor", "host ms",
+                "eager ms");
     const OpClass classes[] = {OpClass::Attention, OpClass::Moe, OpClass::DenseGemm, OpClass::NormRope,
                                OpClass::Elementwise, OpClass::Sampling};
     if (profile_steps > 0) {
@@ -247,8 +256,9 @@ int cmd_bench_decode(int argc, char** argv) {
     for (const Row& r : rows) {
       char step[64];
       std::snprintf(step, sizeof step, "%.3f (%.3f-%.3f)", r.served.median * 1e3, r.served.min * 1e3, r.served.max * 1e3);
-      std::printf("%6lld %22s %10.1f %9.3f %7.1f%% %9.3f", (long long)r.batch, step, double(r.batch) / r.served.median,
-                  r.floor_s * 1e3, 100 * r.floor_s / r.served.median, r.eager.median * 1e3);
+      std::printf("%6lld %22s %10.1f %9.3f %7.1f%% %8.3f %9.3f", (long long)r.batch, step,
+                  double(r.batch) / r.served.median, r.floor_s * 1e3, 100 * r.floor_s / r.served.median,
+                  r.served.host * 1e3, r.eager.median * 1e3);
       if (profile_steps > 0) {
         for (OpClass c : classes) std::printf(" %11.3f", (r.by_class.count(c) ? r.by_class.at(c) : 0.0) * 1e3);
         std::printf(" %9.3f", (r.eager.median - r.ops_s) * 1e3);
@@ -268,6 +278,8 @@ int cmd_bench_decode(int argc, char** argv) {
                     r.fill_s * 1e3, double(r.batch * r.context) / r.fill_s);
       std::printf("\n");
     }
+    std::printf("host ms: a step's wall time less its wait for the device, the median (on a GPU: how long it idles "
+                "a step)\n");
     if (profile_steps > 0)
       std::printf("breakdown: ms a step of the eager profiling pass (each op's median over the profiled steps), each "
                   "op timed between two waits for the device (%.1f us a wait taken off); gaps = eager step - its ops\n",
@@ -284,6 +296,7 @@ int cmd_bench_decode(int argc, char** argv) {
                             {"tokens_per_s", double(r.batch) / r.served.median},
                             {"floor_ms", r.floor_s * 1e3},
                             {"floor_fraction", r.floor_s / r.served.median},
+                            {"host_ms_median", r.served.host * 1e3},
                             {"graph_steps", r.graph_steps}};
         if (!skip_prefill) {
           o["prefill_ms"] = r.fill_s * 1e3;

@@ -349,6 +349,7 @@ void Engine::Impl::publish_stats() {
   s.steps = steps;
   s.graph_steps = graph_steps;
   s.failed_steps = failed_steps;
+  s.device_wait_s = sampler.wait_seconds();
   std::lock_guard<std::mutex> lock(mu);
   snapshot = s;
 }

@@ -1,6 +1,7 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 namespace tetra::runtime {
@@ -117,7 +118,9 @@ std::span<const ops::SampledToken> BatchSampler::sample(const ops::Context& ctx,
   }
   backend_.sample(ctx, logits, rows_dev, pen_ids, pen_counts, out_dev);
   auto* out = out_host_->view().as<ops::SampledToken>();
+  const auto wait_start = std::chrono::steady_clock::now();
   backend_.copy_to_host(out, out_dev);  // waits for the stream
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   return {out, size_t(n)};
 }
 

@@ -56,12 +56,17 @@ class BatchSampler {
   // result is valid until the next call.
   std::span<const ops::SampledToken> sample(const ops::Context& ctx, TensorView logits,
                                             std::span<const SampleRequest> rows);
+  // Seconds spent over all calls in the results' copy, waiting for the device to finish the
+  // work queued before it (the step's forward): a step's wall time less its wait is host work
+  // while the device idles.
+  double wait_seconds() const { return wait_s_; }
 
  private:
   void reserve_penalties(int64_t n);
 
   ops::Backend& backend_;
   int64_t max_rows_;
+  double wait_s_ = 0;
   std::unique_ptr<ops::Buffer> rows_host_, rows_dev_, out_host_, out_dev_;
   int64_t penalty_capacity_ = 0;
   std::unique_ptr<ops::Buffer> penalty_host_, penalty_dev_;  // [2, capacity]: ids, then counts
