@@ -598,6 +598,20 @@ TEST(AttentionCudaTiming, Decode1Seq32768Fp8) {
   time_case(c, false);
 }
 
+// Batches that fill less than one wave of work items, where the split count sets the waves:
+// one and sixteen sequences of 8,192 (Qwen3-30B-A3B's shape), each in BF16 and FP8.
+TEST(AttentionCudaTiming, DecodeFewSeqs8192) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const int n_seqs : {1, 16})
+    for (const bool fp8 : {false, true}) {
+      const std::string name = std::string(fp8 ? "fp8_" : "") + "decode_" + std::to_string(n_seqs) + "x8192";
+      AttnCase c{keep_name(name), 32, 4, 128, 128, 16, {}};
+      c.seqs.assign(size_t(n_seqs), SeqSpec{8192, 1});
+      c.fp8 = fp8;
+      time_case(c, false);
+    }
+}
+
 TEST(AttentionCudaTiming, Prefill4096) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   time_case(AttnCase{"prefill_1x4096", 32, 4, 128, 128, 16, {{4096, 4096}}}, true);
