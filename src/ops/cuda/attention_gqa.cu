@@ -884,25 +884,44 @@ using PrefillTile = TileShape<D, D == 256 ? 4 : 8, 32, D == 256 ? 2 : 3, false, 
 constexpr int kDecodeRows = 16;  // a sequence's rows that take the decode path: one mma tile
 static_assert(DecodeTile<64>::kRows == kDecodeRows && DecodeTile<256>::kRows == kDecodeRows,
               "decode blocks share one warp's rows");
-constexpr int kDecodeBlocksPerSm = 4;  // split until the grid has this many blocks per SM
-constexpr int kPrefillBlocksPerSm = 2;
+constexpr int kPrefillBlocksPerSm = 2;  // prefill splits until the grid has this many blocks per SM
 constexpr int kPrefillMinSplitKeys = 512;
 
 struct TileGeometry {
-  int rows, keys;  // query rows and keys of one block's tile
+  int rows, keys;     // query rows and keys of one block's tile
+  int blocks_per_sm;  // blocks an SM holds at once (the launch bounds make it so)
 };
 
 template <class T>
 constexpr TileGeometry geometry_of() {
-  return {T::kRows, T::kKeys};
+  return {T::kRows, T::kKeys, T::kMinBlocks};
 }
 
-TileGeometry tile_geometry(int d, bool decode) {
+template <bool kFp8>
+TileGeometry tile_geometry_of(int d, bool decode) {
   switch (d) {
-    case 64: return decode ? geometry_of<DecodeTile<64>>() : geometry_of<PrefillTile<64>>();
-    case 128: return decode ? geometry_of<DecodeTile<128>>() : geometry_of<PrefillTile<128>>();
-    default: return decode ? geometry_of<DecodeTile<256>>() : geometry_of<PrefillTile<256>>();
+    case 64: return decode ? geometry_of<DecodeTile<64, kFp8>>() : geometry_of<PrefillTile<64, kFp8>>();
+    case 128: return decode ? geometry_of<DecodeTile<128, kFp8>>() : geometry_of<PrefillTile<128, kFp8>>();
+    default: return decode ? geometry_of<DecodeTile<256, kFp8>>() : geometry_of<PrefillTile<256, kFp8>>();
   }
+}
+
+TileGeometry tile_geometry(int d, bool decode, bool fp8) {
+  return fp8 ? tile_geometry_of<true>(d, decode) : tile_geometry_of<false>(d, decode);
+}
+
+// Decode's split count for `work` blocks' worth of items on `slots` resident blocks: a block's
+// time is about its keys, 1 / splits of an item's, so a launch takes waves / splits of an
+// unsplit one; the fewest splits that minimize it, among those that fill at most two waves
+// (past that, each block's fixed costs outgrow what a shorter tail saves).
+int64_t decode_splits(int64_t work, int64_t slots, int64_t max_splits) {
+  if (work >= slots) return 1;
+  int64_t best = 1, best_waves = 1;  // waves of `best` splits: best_waves / best is the cost
+  for (int64_t s = 2; s <= std::min(max_splits, ceil_div(2 * slots, work)); ++s) {
+    const int64_t waves = ceil_div(work * s, slots);
+    if (waves * best < best_waves * s) best = s, best_waves = waves;
+  }
+  return best;
 }
 
 void check_params(const PagedAttentionParams& p, int sm_count) {
@@ -943,24 +962,24 @@ PagedAttentionPlan make_plan(const PagedAttentionParams& p, int sm_count) {
   const int64_t rows = int64_t(p.max_query_len) * (p.n_heads / p.n_kv_heads);
   const bool decode = rows <= kDecodeRows;
   plan.path = decode ? PagedAttentionPath::Decode : PagedAttentionPath::Prefill;
-  const TileGeometry tile = tile_geometry(plan.head_dim_tile, decode);
+  const TileGeometry tile = tile_geometry(plan.head_dim_tile, decode, p.fp8_cache);
   const int64_t n_row_tiles = ceil_div(rows, tile.rows);
   TETRA_CHECK(n_row_tiles <= INT_MAX, "paged_attention: ", rows, " query rows per sequence is too many");
   plan.n_row_tiles = int(n_row_tiles);
 
   // Split the keys when the work items alone would leave SMs idle.
   const int64_t work = int64_t(p.n_seqs) * p.n_kv_heads * plan.n_row_tiles;
-  const int64_t target_blocks = int64_t(decode ? kDecodeBlocksPerSm : kPrefillBlocksPerSm) * sm_count;
-  const int64_t splits_wanted = work >= target_blocks ? 1 : ceil_div(target_blocks, work);
   if (decode) {
     // The split count comes from the batch's shape and the step's capacity (max_blocks_per_seq
     // x block_size), not its longest sequence, and each sequence divides its own keys among
     // them (key_range): a sequence's split boundaries, and so its f32 sums, depend on itself
     // alone, so one CUDA graph serves every length and gives eager decode's tokens.
     const int64_t cap = int64_t(p.max_blocks_per_seq) * p.block_size;
-    plan.n_splits = int(std::min(splits_wanted, ceil_div(cap, tile.keys)));
+    plan.n_splits = int(decode_splits(work, int64_t(tile.blocks_per_sm) * sm_count, ceil_div(cap, tile.keys)));
     plan.keys_per_split = int(std::min<int64_t>(ceil_div(ceil_div(cap, plan.n_splits), tile.keys) * tile.keys, INT_MAX));
   } else {
+    const int64_t target_blocks = int64_t(kPrefillBlocksPerSm) * sm_count;
+    const int64_t splits_wanted = work >= target_blocks ? 1 : ceil_div(target_blocks, work);
     const int64_t keys = std::max<int64_t>(
         ceil_div(ceil_div(p.max_seq_len, splits_wanted), tile.keys) * tile.keys, kPrefillMinSplitKeys);
     plan.keys_per_split = int(keys);
