@@ -408,7 +408,8 @@ __device__ __forceinline__ void online_softmax(const LaneRows& rows, const float
     // A row with no key yet keeps m = -inf; subtracting 0 instead keeps exp2 away from
     // -inf - -inf = NaN (its p are all exp2(-inf) = 0).
     base[r] = m_new == -INFINITY ? 0.0f : m_new;
-    alpha[r] = exp2_approx(st.m[r] - base[r]);
+    // Such a row's O and sum are still 0: it needs no rescale (alpha 1, not exp2(-inf) = 0).
+    alpha[r] = m_new == -INFINITY ? 1.0f : exp2_approx(st.m[r] - base[r]);
     st.m[r] = m_new;
   }
   float tile_sum[2] = {0.0f, 0.0f};
@@ -421,10 +422,14 @@ __device__ __forceinline__ void online_softmax(const LaneRows& rows, const float
     }
 #pragma unroll
   for (int r = 0; r < 2; ++r) st.l[r] = st.l[r] * alpha[r] + tile_sum[r];
+  // Once a row has seen a few tiles its max rarely moves: O's rescale (D / 2 multiplies a lane)
+  // is skipped when it moved for no row of the warp. Exact: the skipped factors are all 1.
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-  for (int n = 0; n < T::kD / 8; ++n)
+    for (int n = 0; n < T::kD / 8; ++n)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) st.acc[n][i] *= alpha[i / 2];
+      for (int i = 0; i < 4; ++i) st.acc[n][i] *= alpha[i / 2];
+  }
 }
 
 // O += P V. The score accumulators of n-tiles 2kk, 2kk + 1 are exactly the A operand of
