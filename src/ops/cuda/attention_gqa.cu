@@ -33,6 +33,7 @@
 #include <climits>
 #include <cmath>
 
+#include "core/fast_divide.h"
 #include "ops/cuda/attention_fp8_layout.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
@@ -54,6 +55,7 @@ struct KernelArgs {
   int key_cap;           // max_blocks_per_seq * block_size: no key past the block table row
   float scale_log2;      // scale * log2(e) (* k_scale for an FP8 cache): the softmax runs on exp2
   float v_scale;         // an FP8 cache's v_scale (1 for BF16): the output's factor
+  FastDivisor block;     // p.block_size: a key's block-table entry and offset without a division
   float* partial_acc;    // [n_tokens, n_heads, n_splits, d_v]: unnormalized sums of p * v
   float2* partial_ml;    // [n_tokens, n_heads, n_splits]: running max (log2 units), sum of p
 };
@@ -107,9 +109,10 @@ struct TileShape {
                 "the merge fits in the K/V tiles");
 };
 
-__device__ __forceinline__ int slot_of(const PagedAttentionParams& p, int seq, int key) {
-  const int block = p.block_tables[int64_t(seq) * p.max_blocks_per_seq + key / p.block_size];
-  return block * p.block_size + key % p.block_size;
+__device__ __forceinline__ int slot_of(const KernelArgs& a, int seq, int key) {
+  const uint32_t index = a.block.quotient(uint32_t(key));
+  const int block = a.p.block_tables[int64_t(seq) * a.p.max_blocks_per_seq + index];
+  return block * a.p.block_size + int(a.block.remainder(uint32_t(key), index));
 }
 
 // ---- the mma kernel ----
@@ -170,7 +173,7 @@ __device__ __forceinline__ void load_q_tile(const KernelArgs& a, const RowTile& 
 // The cache slot of `key`, or -1 past the split's keys (their block-table entries may be
 // garbage and are never read).
 __device__ __forceinline__ int slot_or_none(const KernelArgs& a, const RowTile& w, int key) {
-  return key < w.key_end ? slot_of(a.p, w.seq, key) : -1;
+  return key < w.key_end ? slot_of(a, w.seq, key) : -1;
 }
 
 // Copies the K and V rows of a tile's slots (found earlier, in shared memory); rows of slot -1
@@ -847,7 +850,7 @@ __global__ void __launch_bounds__(kFallbackWarps * 32) attention_fallback_kernel
   }
   float m = -INFINITY, l = 0.0f;
   for (int key = 0; key < n_keys; ++key) {
-    const int64_t cache_row = int64_t(slot_of(p, seq, key)) * p.n_kv_heads + kv_head;
+    const int64_t cache_row = int64_t(slot_of(a, seq, key)) * p.n_kv_heads + kv_head;
     // An FP8 cache's values are E4M3 bytes (their scales are in scale_log2 and v_scale).
     const auto cached = [&](const void* cache, int64_t i) {
       return p.fp8_cache ? e4m3_to_float(static_cast<const uint8_t*>(cache)[i])
@@ -1072,6 +1075,7 @@ void paged_attention(const KernelLaunch& launch, const PagedAttentionParams& p, 
   a.key_cap = int(std::min<int64_t>(int64_t(p.max_blocks_per_seq) * p.block_size, INT_MAX));
   a.scale_log2 = p.scale * kLog2e * p.k_scale;
   a.v_scale = p.v_scale;
+  a.block = FastDivisor(uint32_t(p.block_size));
   if (ws.total_bytes > 0) {
     a.partial_acc = static_cast<float*>(workspace);
     a.partial_ml = reinterpret_cast<float2*>(static_cast<uint8_t*>(workspace) + ws.ml_offset);
