@@ -18,8 +18,8 @@
 // one tile ahead of the copies; head dims that are a multiple of 8 are zero-padded to the
 // tile's D (64, 128 or 256). An FP8 cache's stages hold its bytes: decode tiles run FP16 MMAs
 // whose K and V fragments are converted from those bytes in registers (attention_fp8_layout.h),
-// prefill tiles widen each tile to BF16 K and V tiles first. Everything else runs on attention_fallback_kernel: one warp per
-// (token, head), f32 CUDA cores.
+// prefill tiles widen each tile to BF16 K and V tiles first. Everything else runs on
+// attention_fallback_kernel: one warp per (token, head), f32 CUDA cores.
 //
 // The key range of a block is [0, max position of its rows + 1), read from `positions`:
 // block table entries past what the positions need are never read, and seq_lens is unused.
@@ -193,7 +193,7 @@ __device__ __forceinline__ void copy_kv_tile(const KernelArgs& a, const RowTile&
       const bool k_valid = slot >= 0 && 16 * c < a.p.d_k, v_valid = slot >= 0 && 16 * c < a.p.d_v;
       const uint8_t* k_cache = static_cast<const uint8_t*>(a.p.k_cache);
       const uint8_t* v_cache = static_cast<const uint8_t*>(a.p.v_cache);
-      // Decode tiles swizzle their rows' chunks for the fragment loads; widen_rows reads rows
+      // Decode tiles swizzle their rows' chunks for the fragment loads; widen_tile reads rows
       // in place.
       const int k_dst = T::kFp8Fragments ? fp8_tile::k_offset(T::kD, r, 16 * c) : r * T::kStride8 + 16 * c;
       const int v_dst = T::kFp8Fragments ? fp8_tile::v_offset(T::kD, r, 16 * c) : r * T::kStride8 + 16 * c;
@@ -222,22 +222,19 @@ __device__ __forceinline__ void copy_kv_tile(const KernelArgs& a, const RowTile&
   }
 }
 
-// Rows [row0, row0 + kRows) of an FP8 stage's K and V widened to the BF16 tiles the MMAs read
-// (exact: E4M3 has 3 mantissa bits) by kThreads threads (t: this one's index among them); the
-// zero-filled rows and dims stay zero.
-template <class T, int kRows, int kThreads>
-__device__ __forceinline__ void widen_rows(const uint8_t* k_stage, const uint8_t* v_stage, uint16_t* k_smem,
-                                           uint16_t* v_smem, int row0, int t) {
-  constexpr int kRowChunks = T::kD / 16, kChunks = kRows * kRowChunks;
-  constexpr int kPerThread = (kChunks + kThreads - 1) / kThreads;
+// A prefill tile's FP8 stage, K and V, widened to the BF16 tiles the MMAs read (exact: E4M3
+// has 3 mantissa bits) by the whole block; the zero-filled rows and dims stay zero.
+template <class T>
+__device__ __forceinline__ void widen_tile(const uint8_t* k_stage, const uint8_t* v_stage, uint16_t* k_smem,
+                                           uint16_t* v_smem) {
+  constexpr int kRowChunks = T::kD / 16, kChunks = T::kKeys * kRowChunks;
+  constexpr int kPerThread = (kChunks + T::kThreads - 1) / T::kThreads;
   const auto widen = [](const uint8_t* src, uint16_t* dst) {
     const uint4 v = *reinterpret_cast<const uint4*>(src);
     uint32_t out[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const uint32_t word = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w;
-      const __half2_raw h =
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> (16 * (i & 1))), __NV_E4M3);
+      const uint32_t h = e4m3x2_to_f16x2(word(v, i / 2) >> (16 * (i & 1)));
       const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
       out[i] = pack_bf16x2(f.x, f.y);
     }
@@ -246,7 +243,7 @@ __device__ __forceinline__ void widen_rows(const uint8_t* k_stage, const uint8_t
   };
 #pragma unroll 2
   for (int i = 0; i < kPerThread; ++i) {
-    const int idx = t + i * kThreads, r = row0 + idx / kRowChunks, c = idx % kRowChunks;
+    const int idx = int(threadIdx.x) + i * T::kThreads, r = idx / kRowChunks, c = idx % kRowChunks;
     if (idx >= kChunks) break;
     widen(k_stage + r * T::kStride8 + 16 * c, k_smem + r * T::kStride + 16 * c);
     widen(v_stage + r * T::kStride8 + 16 * c, v_smem + r * T::kStride + 16 * c);
@@ -708,7 +705,7 @@ __device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* sm
       const int ahead_slot = tid < T::kKeys ? slot_or_none(a, w, tile_key(next + 1)) : -1;
       if constexpr (T::kFp8Widened) {
         // The BF16 tiles are free: every warp is past tile it - 1 (the barrier above).
-        widen_rows<T, T::kKeys, T::kThreads>(k_stage(stage), v_stage(stage), k_smem(stage), v_smem(stage), 0, tid);
+        widen_tile<T>(k_stage(stage), v_stage(stage), k_smem(stage), v_smem(stage));
         __syncthreads();
       }
       const int key0 = w.key_begin + it * T::kKeys + warp_key0;
