@@ -6,6 +6,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/nvfp4_word.h"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -32,8 +33,6 @@ __device__ float row_dot(const ExpertMatrix& m, int64_t row, const V* v) {
   const int lane = threadIdx.x % 32;
   float acc = 0.0f;
   if (m.nvfp4) {
-    // Values 0..7 of a permuted word sit at bits 12, 28, 8, 24, 4, 20, 0, 16.
-    constexpr int kShift[8] = {12, 28, 8, 24, 4, 20, 0, 16};
     const uint32_t* words = reinterpret_cast<const uint32_t*>(m.w + row * (m.n_in / 2));
     const uint8_t* scales = m.scale + row * (m.n_in / 16);
     for (int64_t kw = lane; kw < m.n_in / 8; kw += 32) {
@@ -42,7 +41,7 @@ __device__ float row_dot(const ExpertMatrix& m, int64_t row, const V* v) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float x = sizeof(V) == 4 ? float(v[kw * 8 + i]) : bf16_bits_to_float(uint16_t(v[kw * 8 + i]));
-        acc += e2m1_to_float((word >> kShift[i]) & 0xfu) * s * x;
+        acc += e2m1_to_float(nvfp4_device_code(word, i)) * s * x;
       }
     }
   } else {
@@ -172,7 +171,7 @@ __global__ void dummy_codes_kernel(uint32_t* dst, int64_t words_per_expert, int6
     const uint64_t s = seed + uint64_t(6 * e + 2 * m);
     uint32_t word = 0;
     for (int b = 0; b < 4; ++b) word |= uint32_t(dummy_byte(s, uint64_t(4 * logical + b), 0, 256)) << (8 * b);
-    dst[i] = nvfp4_permute_word(word);
+    dst[i] = nvfp4_device_word(word);
   }
 }
 

@@ -36,8 +36,8 @@ struct MoeDecodeControl {
 
 // Device weights of all experts, expert-major. E' = n_experts (+1 for the shared expert,
 // stored last). NVFP4 data keeps the checkpoint's row-major [n_out, n_in/2] bytes and
-// [n_out, n_in/16] E4M3 scales, except that the 8 nibbles of every 32-bit word are permuted
-// (nvfp4_permute_word) so the kernel turns them into bf16 pairs with two masks and a shift.
+// [n_out, n_in/16] E4M3 scales, except that the bits of every 32-bit word of 8 values are
+// placed in the device order of nvfp4_word.h, which the kernels decode in fewer instructions.
 class CudaMoeExperts final : public MoeExperts {
  public:
   // down_format differs from format only where a checkpoint leaves the down projections
@@ -75,15 +75,6 @@ class CudaMoeExperts final : public MoeExperts {
   int64_t w13_scale_expert_bytes() const;
   int64_t w2_scale_expert_bytes() const;
 };
-
-// The checkpoint word (value i of 8 at bits 4i..4i+3) in the kernel's order: values 0..7 at
-// bits 12, 28, 8, 24, 4, 20, 0, 16.
-constexpr uint32_t nvfp4_permute_word(uint32_t w) {
-  constexpr int kDst[8] = {12, 28, 8, 24, 4, 20, 0, 16};
-  uint32_t out = 0;
-  for (int i = 0; i < 8; ++i) out |= ((w >> (4 * i)) & 0xfu) << kDst[i];
-  return out;
-}
 
 // One work item of the grouped GEMMs: up to tile_tokens rows of one expert.
 struct MoeWorkItem {

@@ -6,6 +6,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/nvfp4_word.h"
 
 namespace tetra::ops::cuda {
 
@@ -102,7 +103,7 @@ void check_linear(const LinearWeight& w, WeightFormat format, int64_t n_out, int
   }
 }
 
-// Appends a matrix's weight bytes in the device layout (NVFP4 words permuted; dense as BF16).
+// Appends a matrix's weight bytes in the device layout (NVFP4 words in device order; dense as BF16).
 void append_weight(std::vector<uint8_t>& dst, const LinearWeight& w) {
   const auto* src = w.weight.as<const uint8_t>();
   const size_t n_bytes = size_t(w.weight.nbytes());
@@ -112,7 +113,7 @@ void append_weight(std::vector<uint8_t>& dst, const LinearWeight& w) {
     for (size_t i = 0; i < n_bytes; i += 4) {
       uint32_t word;
       std::memcpy(&word, src + i, 4);
-      word = nvfp4_permute_word(word);
+      word = nvfp4_device_word(word);
       std::memcpy(dst.data() + at + i, &word, 4);
     }
   } else if (w.weight.dtype == DType::BF16) {

@@ -96,10 +96,10 @@ __device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT>& st,
         if constexpr (kFp4) {
           const uint32_t q = word(st.a[m][r][0], w);
           const uint32_t s = sc[m][r][w >> 1];
-          a[0][m][r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(q), s);            // values 0, 1
-          a[0][m][2 + r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(q << 4), s);   // values 2, 3
-          a[1][m][r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(q << 8), s);       // values 4, 5
-          a[1][m][2 + r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(q << 12), s);  // values 6, 7
+          a[0][m][r] = bf16x2_mul(nvfp4_pair_raw<0>(q), s);      // values 0, 1
+          a[0][m][2 + r] = bf16x2_mul(nvfp4_pair_raw<1>(q), s);  // values 2, 3
+          a[1][m][r] = bf16x2_mul(nvfp4_pair_raw<2>(q), s);      // values 4, 5
+          a[1][m][2 + r] = bf16x2_mul(nvfp4_pair_raw<3>(q), s);  // values 6, 7
         } else {
           const uint4 v = st.a[m][r][w];
           a[0][m][r] = v.x;

@@ -9,9 +9,9 @@
 //
 // Fragment order: wgmma reads B in natural K order, so A must be natural too. Lane (g, t)
 // of k-step j (16 values of K) needs values 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3), which
-// are nibbles 2t, 2t+1 of words 2j and 2j+1 of its row: every lane reads all 64 bytes of a
-// row's chunk (the 4 lanes of a row load the same addresses, one request) and shifts its own
-// pair into place (nvfp4_permute_word puts nibbles 2t, 2t+1 at bits 12 - 4t and 28 - 4t).
+// are pair t of words 2j and 2j+1 of its row: every lane reads all 64 bytes of a row's chunk
+// (the 4 lanes of a row load the same addresses, one request) and decodes its own pair with
+// the shifts and masks nvfp4_pair_decode(t) gives it (nvfp4_word.h).
 // k-step j is exactly block-scale group j of the chunk, so each row needs all 8 of its scales.
 #include <cuda_bf16.h>
 
@@ -73,8 +73,8 @@ __device__ __forceinline__ void load_a(AChunk& a, const ARows& rows, int chunk) 
   }
 }
 
-// The chunk's 8 k-steps of A fragments for this lane (shift = 4t selects its nibble pair).
-__device__ __forceinline__ void decode_a(const AChunk& a, int shift, uint32_t (&frag)[8][4]) {
+// The chunk's 8 k-steps of A fragments for this lane (pair = nvfp4_pair_decode(t)).
+__device__ __forceinline__ void decode_a(const AChunk& a, const Nvfp4PairDecode& pair, uint32_t (&frag)[8][4]) {
   uint32_t sc[2][8];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
@@ -89,8 +89,8 @@ __device__ __forceinline__ void decode_a(const AChunk& a, int shift, uint32_t (&
     for (int r = 0; r < 2; ++r) {
       const uint4& v = a.w[r][j >> 1];
       const uint32_t lo = word(v, 2 * (j & 1)), hi = word(v, 2 * (j & 1) + 1);
-      frag[j][r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(lo << shift), sc[r][j]);      // k 2t, 2t+1
-      frag[j][2 + r] = bf16x2_mul(e2m1x2_to_bf16x2_raw(hi << shift), sc[r][j]);  // k 2t+8, 2t+9
+      frag[j][r] = bf16x2_mul(nvfp4_pair_raw(lo, pair), sc[r][j]);      // k 2t, 2t+1
+      frag[j][2 + r] = bf16x2_mul(nvfp4_pair_raw(hi, pair), sc[r][j]);  // k 2t+8, 2t+9
     }
 }
 
@@ -138,7 +138,7 @@ __device__ __forceinline__ void gemm_block(const ARows& arows, const uint16_t* c
   using S = TileShape<kN>;
 #pragma unroll
   for (int i = 0; i < S::kAcc; ++i) acc[i] = 0.0f;
-  const int shift = 4 * (threadIdx.x & 3);
+  const Nvfp4PairDecode pair = nvfp4_pair_decode(threadIdx.x & 3);
   // Prefetch distance kStages - 1: the slot refilled at chunk c held chunk c - 1, whose MMAs
   // every warpgroup has finished before the barrier.
 #pragma unroll
@@ -149,7 +149,7 @@ __device__ __forceinline__ void gemm_block(const ARows& arows, const uint16_t* c
   AChunk next;
   uint32_t frag[2][8][4];
   load_a(next, arows, 0);
-  decode_a(next, shift, frag[0]);
+  decode_a(next, pair, frag[0]);
   if (n_chunks > 1) load_a(next, arows, 1);
   for (int c = 0; c < n_chunks; c += 2) {
 #pragma unroll
@@ -164,7 +164,7 @@ __device__ __forceinline__ void gemm_block(const ARows& arows, const uint16_t* c
       cp_async_commit();
       mma_issue<kN>(acc, frag[half], smem + (cc % S::kStages) * S::kStageBytes);
       if (cc + 1 < n_chunks) {
-        decode_a(next, shift, frag[half ^ 1]);
+        decode_a(next, pair, frag[half ^ 1]);
         if (cc + 2 < n_chunks) load_a(next, arows, cc + 2);
       }
       wgmma::wait<0>();

@@ -1,5 +1,5 @@
 // Device helpers shared by the MoE GEMM kernels: streaming loads and the register decode of
-// NVFP4 (e2m1 codes in the word order of nvfp4_permute_word, E4M3 block scales) to BF16.
+// NVFP4 (e2m1 codes in the device word order of nvfp4_word.h, E4M3 block scales) to BF16.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "ops/cuda/mma_sync.cuh"  // word
+#include "ops/cuda/nvfp4_word.h"
 
 namespace tetra::ops::cuda {
 
@@ -29,13 +30,6 @@ __device__ __forceinline__ uint32_t ld_stream_u16(const void* p) {
   return v;
 }
 
-// Two e2m1 values (at bits 12..15 and 28..31 of q) as a bf16 pair scaled by 2^-126: the
-// 3 magnitude bits land on the two low exponent bits and the top mantissa bit, which gives
-// 2^(e-1) * (1 + m/2) * 2^-126 for e > 0 and the subnormal 0.5 * 2^-126 for e = 0, m = 1.
-__device__ __forceinline__ uint32_t e2m1x2_to_bf16x2_raw(uint32_t q) {
-  return (q & 0x80008000u) | ((q & 0x70007000u) >> 6);
-}
-
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
@@ -43,9 +37,9 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
 }
 
 // Two E4M3 block scales as bf16 pairs (each scale in both halves), times 2^118 so that the
-// product with the 2^-126 of the raw decode is scale * 2^-8 (the kernel multiplies 2^8 back
-// into the global scale). 448 * 2^118 < 2^127, so the bf16 cannot overflow; the product of a
-// 2-bit e2m1 significand and a 4-bit E4M3 one is exact in bf16.
+// product with the 2^-126 of the raw decode (nvfp4_pair_raw) is scale * 2^-8 (the kernel
+// multiplies 2^8 back into the global scale). 448 * 2^118 < 2^127, so the bf16 cannot
+// overflow; the product of a 2-bit e2m1 significand and a 4-bit E4M3 one is exact in bf16.
 __device__ __forceinline__ void scale_pair_to_bf16x2(uint32_t s, uint32_t& s0, uint32_t& s1) {
   __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(s), __NV_E4M3);
   float2 f = __half22float2(*reinterpret_cast<__half2*>(&hr));
