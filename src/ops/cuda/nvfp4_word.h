@@ -10,13 +10,11 @@
 // subnormal; the kernels' block-scale multiply puts the 2^126 back. So the device word keeps
 //   values 2o and 2o+1 (o = 0, 1, 2): magnitude at bits 3o..3o+2 and 16+3o.., sign at 3o+9 and
 //     16+3o+9, so that pair o is (q << (6 - 3o)) & 0x81c081c0: a shift and an AND;
-//   values 6 and 7 in the bits left over: exponent at 10..11 (+16), mantissa at 13, sign at 14.
-//     Their magnitude bits move down by 3 and 7 bits and their sign up by 1: no placement of
-//     the four leftover bits does it with fewer than three shifts, so the two right shifts are
-//     one multiply-high, (q & bits) * (2^29 + 2^25) >> 32, on the FMA pipe (the copies it adds
-//     never overlap, so nothing carries), and only the logic operations use the integer pipe.
-// Eight values cost 6 logic instructions on the integer pipe and 4 multiplies (the left shifts
-// too) on the FMA pipe, which the stream leaves idle more than the integer one.
+//   values 6 and 7 in the bits left over: exponent at 10..11 (+16), mantissa at 13, sign at 14,
+//     which take three shifts and three logic operations (no placement of these four bits does
+//     it with fewer than three shifts).
+// Eight values cost 11 integer instructions, where the earlier order (a whole nibble per
+// value, shifted into place) took 15.
 #pragma once
 
 #include <cstdint>
@@ -55,17 +53,6 @@ TETRA_HOST_DEVICE constexpr uint32_t nvfp4_device_code(uint32_t device_word, int
          ((device_word >> b.exp_hi) & 1u) << 2 | ((device_word >> b.sign) & 1u) << 3;
 }
 
-// The high 32 bits of a * b (mul.hi.u32 on the device).
-TETRA_HOST_DEVICE constexpr uint32_t nvfp4_mul_hi(uint32_t a, uint32_t b) {
-  return uint32_t((uint64_t(a) * b) >> 32);
-}
-
-// Values 6 and 7's magnitude bits (10, 11, 13 and 26, 27, 29), and the multiplier that moves
-// them down by 3 (the exponent, to 7..8) and by 7 (the mantissa, to 6) in the high word.
-inline constexpr uint32_t kNvfp4Pair3Bits = 0x2c002c00u;
-inline constexpr uint32_t kNvfp4Pair3Down = (1u << 29) | (1u << 25);
-inline constexpr uint32_t kNvfp4MagnitudeMask = 0x01c001c0u;  // bits 6..8 and 22..24
-
 // Values 2p and 2p+1 of a device word as a raw bf16 pair (each the e2m1 value times 2^-126).
 template <int kPair>
 TETRA_HOST_DEVICE constexpr uint32_t nvfp4_pair_raw(uint32_t q) {
@@ -73,25 +60,24 @@ TETRA_HOST_DEVICE constexpr uint32_t nvfp4_pair_raw(uint32_t q) {
   if constexpr (kPair < 3) {
     return (q << (6 - 3 * kPair)) & 0x81c081c0u;
   } else {
-    return ((q << 1) & 0x80008000u) |
-           (nvfp4_mul_hi(q & kNvfp4Pair3Bits, kNvfp4Pair3Down) & kNvfp4MagnitudeMask);
+    return ((q >> 3) & 0x01800180u) | ((q >> 7) & 0x00400040u) | ((q << 1) & 0x80008000u);
   }
 }
 
-// The same for a pair chosen at run time (one per lane, as wgmma's A fragments want it): one
-// form for all four, ((q * mul) & mask) | (mul_hi(q & down_bits, 2^29 + 2^25) & 0x01c001c0),
-// its three constants fixed per lane (pairs 0..2 move nothing down).
+// The same for a pair chosen at run time (one per lane, as wgmma's A fragments want it): the
+// general form of both cases above, its shifts and masks fixed per lane.
 struct Nvfp4PairDecode {
-  uint32_t mul, mask, down_bits;
+  uint32_t left, right_a, right_b;
+  uint32_t mask_left, mask_a, mask_b;
 };
 
 TETRA_HOST_DEVICE constexpr Nvfp4PairDecode nvfp4_pair_decode(int pair) {
-  if (pair < 3) return {1u << (6 - 3 * pair), 0x81c081c0u, 0};
-  return {2, 0x80008000u, kNvfp4Pair3Bits};
+  if (pair < 3) return {uint32_t(6 - 3 * pair), 0, 0, 0x81c081c0u, 0, 0};
+  return {1, 3, 7, 0x80008000u, 0x01800180u, 0x00400040u};
 }
 
 TETRA_HOST_DEVICE constexpr uint32_t nvfp4_pair_raw(uint32_t q, const Nvfp4PairDecode& d) {
-  return ((q * d.mul) & d.mask) | (nvfp4_mul_hi(q & d.down_bits, kNvfp4Pair3Down) & kNvfp4MagnitudeMask);
+  return ((q << d.left) & d.mask_left) | ((q >> d.right_a) & d.mask_a) | ((q >> d.right_b) & d.mask_b);
 }
 
 }  // namespace tetra::ops::cuda
