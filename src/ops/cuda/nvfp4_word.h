@@ -8,13 +8,13 @@
 // value's magnitude at bits 6..8 (22..24: the exponent's two low bits and the mantissa's top
 // bit) and its sign at bit 15 (31) as the e2m1 value times 2^-126, e = 0 being the bf16
 // subnormal; the kernels' block-scale multiply puts the 2^126 back. So the device word keeps
-//   values 2o and 2o+1 (o = 0, 1, 2): magnitude at bits 3o..3o+2 and 16+3o.., sign at 3o+9 and
-//     16+3o+9, so that pair o is (q << (6 - 3o)) & 0x81c081c0: a shift and an AND;
-//   values 6 and 7 in the bits left over: exponent at 10..11 (+16), mantissa at 13, sign at 14,
-//     which take three shifts and three logic operations (no placement of these four bits does
-//     it with fewer than three shifts).
-// Eight values cost 11 integer instructions, where the earlier order (a whole nibble per
-// value, shifted into place) took 15.
+// values 2o and 2o+1 of pair o (0..3) with their magnitudes at bits 3o..3o+2 and 16+3o.. and
+// their signs at 12 + (o ^ 1) and 28 + (o ^ 1). Pair o is then
+//   (q rotated left by 6 - 3o) & 0x01c001c0  |  (q rotated left by 3 - (o ^ 1)) & 0x80008000,
+// and for pairs 1 and 2 the two rotations are one: four pairs in 6 logic operations and 5
+// shifts, where the earlier order (a whole nibble per value, shifted into place) took 15.
+// wgmma's lanes each need a different pair (their own t): the same form with per-lane
+// rotations, 4 instructions a pair, as the earlier order took.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +30,7 @@ struct Nvfp4ValueBits {
 
 TETRA_HOST_DEVICE constexpr Nvfp4ValueBits nvfp4_value_bits(int i) {
   const int half = 16 * (i & 1), o = i >> 1;
-  if (o < 3) return {3 * o + half, 3 * o + 1 + half, 3 * o + 2 + half, 3 * o + 9 + half};
-  return {13 + half, 10 + half, 11 + half, 14 + half};
+  return {3 * o + half, 3 * o + 1 + half, 3 * o + 2 + half, 12 + (o ^ 1) + half};
 }
 
 // The checkpoint word in device order.
@@ -53,31 +52,49 @@ TETRA_HOST_DEVICE constexpr uint32_t nvfp4_device_code(uint32_t device_word, int
          ((device_word >> b.exp_hi) & 1u) << 2 | ((device_word >> b.sign) & 1u) << 3;
 }
 
+inline constexpr uint32_t kNvfp4MagnitudeBits = 0x01c001c0u;  // bf16 pair bits 6..8, 22..24
+inline constexpr uint32_t kNvfp4SignBits = 0x80008000u;       // bits 15, 31
+
+// Rotations of pair o that bring its magnitudes and its signs into place.
+TETRA_HOST_DEVICE constexpr uint32_t nvfp4_magnitude_rotation(int pair) { return uint32_t(6 - 3 * pair) & 31u; }
+TETRA_HOST_DEVICE constexpr uint32_t nvfp4_sign_rotation(int pair) { return uint32_t(3 - (pair ^ 1)); }
+
+// q rotated left by r (0..31): one funnel shift on the device.
+TETRA_HOST_DEVICE inline uint32_t nvfp4_rotl(uint32_t q, uint32_t r) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_l(q, q, r);
+#else
+  r &= 31u;
+  return r == 0 ? q : (q << r) | (q >> (32u - r));
+#endif
+}
+
 // Values 2p and 2p+1 of a device word as a raw bf16 pair (each the e2m1 value times 2^-126).
+// The rotations are constants here: pairs 0..2 shift left, pair 3's magnitudes shift right.
 template <int kPair>
 TETRA_HOST_DEVICE constexpr uint32_t nvfp4_pair_raw(uint32_t q) {
   static_assert(kPair >= 0 && kPair < 4, "a word holds four pairs");
-  if constexpr (kPair < 3) {
-    return (q << (6 - 3 * kPair)) & 0x81c081c0u;
+  constexpr uint32_t kMag = nvfp4_magnitude_rotation(kPair), kSign = nvfp4_sign_rotation(kPair);
+  if constexpr (kMag == kSign) {
+    return (q << kMag) & (kNvfp4MagnitudeBits | kNvfp4SignBits);
   } else {
-    return ((q >> 3) & 0x01800180u) | ((q >> 7) & 0x00400040u) | ((q << 1) & 0x80008000u);
+    const uint32_t mag = kPair < 3 ? q << kMag : q >> (32u - kMag);
+    return (mag & kNvfp4MagnitudeBits) | ((q << kSign) & kNvfp4SignBits);
   }
 }
 
-// The same for a pair chosen at run time (one per lane, as wgmma's A fragments want it): the
-// general form of both cases above, its shifts and masks fixed per lane.
+// The same for a pair chosen at run time (one per lane, as wgmma's A fragments want it).
 struct Nvfp4PairDecode {
-  uint32_t left, right_a, right_b;
-  uint32_t mask_left, mask_a, mask_b;
+  uint32_t magnitude_rotation, sign_rotation;
 };
 
 TETRA_HOST_DEVICE constexpr Nvfp4PairDecode nvfp4_pair_decode(int pair) {
-  if (pair < 3) return {uint32_t(6 - 3 * pair), 0, 0, 0x81c081c0u, 0, 0};
-  return {1, 3, 7, 0x80008000u, 0x01800180u, 0x00400040u};
+  return {nvfp4_magnitude_rotation(pair), nvfp4_sign_rotation(pair)};
 }
 
-TETRA_HOST_DEVICE constexpr uint32_t nvfp4_pair_raw(uint32_t q, const Nvfp4PairDecode& d) {
-  return ((q << d.left) & d.mask_left) | ((q >> d.right_a) & d.mask_a) | ((q >> d.right_b) & d.mask_b);
+TETRA_HOST_DEVICE inline uint32_t nvfp4_pair_raw(uint32_t q, const Nvfp4PairDecode& d) {
+  return (nvfp4_rotl(q, d.magnitude_rotation) & kNvfp4MagnitudeBits) |
+         (nvfp4_rotl(q, d.sign_rotation) & kNvfp4SignBits);
 }
 
 }  // namespace tetra::ops::cuda
