@@ -11,7 +11,7 @@
 // of k-step j (16 values of K) needs values 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3), which
 // are pair t of words 2j and 2j+1 of its row: every lane reads all 64 bytes of a row's chunk
 // (the 4 lanes of a row load the same addresses, one request) and decodes its own pair with
-// the shifts and masks nvfp4_pair_decode(t) gives it (nvfp4_word.h).
+// the two rotations nvfp4_pair_decode(t) gives it (nvfp4_word.h).
 // k-step j is exactly block-scale group j of the chunk, so each row needs all 8 of its scales.
 #include <cuda_bf16.h>
 
