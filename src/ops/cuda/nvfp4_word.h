@@ -69,8 +69,21 @@ TETRA_HOST_DEVICE inline uint32_t nvfp4_rotl(uint32_t q, uint32_t r) {
 #endif
 }
 
-// Values 2p and 2p+1 of a device word as a raw bf16 pair (each the e2m1 value times 2^-126),
-// with the rotations of pair p given per call (one per lane, as wgmma's A fragments want it).
+// Values 2p and 2p+1 of a device word as a raw bf16 pair (each the e2m1 value times 2^-126).
+// The rotations are constants here: pairs 0..2 shift left, pair 3's magnitudes shift right.
+template <int kPair>
+TETRA_HOST_DEVICE constexpr uint32_t nvfp4_pair_raw(uint32_t q) {
+  static_assert(kPair >= 0 && kPair < 4, "a word holds four pairs");
+  constexpr uint32_t kMag = nvfp4_magnitude_rotation(kPair), kSign = nvfp4_sign_rotation(kPair);
+  if constexpr (kMag == kSign) {
+    return (q << kMag) & (kNvfp4MagnitudeBits | kNvfp4SignBits);
+  } else {
+    const uint32_t mag = kPair < 3 ? q << kMag : q >> (32u - kMag);
+    return (mag & kNvfp4MagnitudeBits) | ((q << kSign) & kNvfp4SignBits);
+  }
+}
+
+// The same for a pair chosen at run time (one per lane, as wgmma's A fragments want it).
 struct Nvfp4PairDecode {
   uint32_t magnitude_rotation, sign_rotation;
 };
@@ -82,14 +95,6 @@ TETRA_HOST_DEVICE constexpr Nvfp4PairDecode nvfp4_pair_decode(int pair) {
 TETRA_HOST_DEVICE inline uint32_t nvfp4_pair_raw(uint32_t q, const Nvfp4PairDecode& d) {
   return (nvfp4_rotl(q, d.magnitude_rotation) & kNvfp4MagnitudeBits) |
          (nvfp4_rotl(q, d.sign_rotation) & kNvfp4SignBits);
-}
-
-// The same for a pair fixed at compile time: the rotations become immediates, and where the
-// two are one (pairs 1 and 2) the compiler keeps one shift and one AND.
-template <int kPair>
-TETRA_HOST_DEVICE inline uint32_t nvfp4_pair_raw(uint32_t q) {
-  static_assert(kPair >= 0 && kPair < 4, "a word holds four pairs");
-  return nvfp4_pair_raw(q, nvfp4_pair_decode(kPair));
 }
 
 }  // namespace tetra::ops::cuda
