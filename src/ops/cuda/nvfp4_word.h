@@ -71,6 +71,9 @@ TETRA_HOST_DEVICE inline uint32_t nvfp4_rotl(uint32_t q, uint32_t r) {
 
 // Values 2p and 2p+1 of a device word as a raw bf16 pair (each the e2m1 value times 2^-126).
 // The rotations are constants here: pairs 0..2 shift left, pair 3's magnitudes shift right.
+// Written out rather than as the per-lane form below with constant rotations: given that, nvcc
+// keeps funnel shifts on the integer pipe and two ANDs for pairs 1 and 2 (the fused kernel at
+// glm5 T = 1 measured 8% slower, docs/PERF.md).
 template <int kPair>
 TETRA_HOST_DEVICE constexpr uint32_t nvfp4_pair_raw(uint32_t q) {
   static_assert(kPair >= 0 && kPair < 4, "a word holds four pairs");
