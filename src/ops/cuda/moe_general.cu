@@ -1,11 +1,13 @@
 // The MoE layer for expert shapes off the fast kernels' grid (small models, odd widths): one
 // warp per output value, f32 intermediates, the routed outputs of a token summed in expert
 // order as the CPU reference sums them. Exact rather than fast; shapes that are multiples of
-// 128 never come here. Also the dummy expert fill, which must match the CPU's draws.
+// 128 never come here (so it reads the row-major layout only). Also the dummy expert fill,
+// which must match the CPU's draws, in either layout.
 #include "core/dummy_random.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/nvfp4_tile.h"
 #include "ops/cuda/nvfp4_word.h"
 
 namespace tetra::ops::cuda {
@@ -162,8 +164,17 @@ __global__ void general_combine_kernel(GeneralArgs a) {
 // The CPU's random_experts draws, per expert e, gate / up / down in that order, each NVFP4
 // matrix as (codes, scales) with seeds seed + 6e + 2m (+1), each BF16 one from seed + 3e + m.
 
+// Matrix m (0 gate, 1 up, 2 down) of a tiled expert: the row of the packed matrix that holds
+// its row `row` (nvfp4_tile.h interleaves gate and up).
+__device__ __forceinline__ int64_t tiled_row(int64_t m, int64_t row) {
+  return m == 2 ? row : nvfp4_gate_up_row(row, m == 1);
+}
+
+// Word i is word w of expert e's matrices in row-major order (gate, up, or down alone);
+// `tiled` stores it in the blocks of nvfp4_tile.h.
 __global__ void dummy_codes_kernel(uint32_t* dst, int64_t words_per_expert, int64_t words_per_row,
-                                   int64_t rows_per_matrix, int first_matrix, int64_t n_words, uint64_t seed) {
+                                   int64_t rows_per_matrix, int first_matrix, int64_t n_words, uint64_t seed,
+                                   bool tiled) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t e = i / words_per_expert, w = i % words_per_expert;
     const int64_t row = w / words_per_row, m = first_matrix + row / rows_per_matrix;
@@ -171,16 +182,25 @@ __global__ void dummy_codes_kernel(uint32_t* dst, int64_t words_per_expert, int6
     const uint64_t s = seed + uint64_t(6 * e + 2 * m);
     uint32_t word = 0;
     for (int b = 0; b < 4; ++b) word |= uint32_t(dummy_byte(s, uint64_t(4 * logical + b), 0, 256)) << (8 * b);
-    dst[i] = nvfp4_device_word(word);
+    const int64_t to =
+        tiled ? nvfp4_tiled_code_offset(tiled_row(m, row % rows_per_matrix), 4 * (w % words_per_row), 8 * words_per_row) / 4
+              : w;
+    dst[e * words_per_expert + to] = nvfp4_device_word(word);
   }
 }
 
+// Byte i is scale b of expert e's matrices in row-major order (groups_per_row a row).
 __global__ void dummy_scales_kernel(uint8_t* dst, int64_t bytes_per_expert, int64_t bytes_per_matrix,
-                                    int first_matrix, int64_t n, uint64_t seed, int lo, int span) {
+                                    int64_t groups_per_row, int first_matrix, int64_t n, uint64_t seed, int lo,
+                                    int span, bool tiled) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t e = i / bytes_per_expert, b = i % bytes_per_expert;
-    const int64_t m = first_matrix + b / bytes_per_matrix;
-    dst[i] = dummy_byte(seed + uint64_t(6 * e + 2 * m + 1), uint64_t(b % bytes_per_matrix), lo, span);
+    const int64_t m = first_matrix + b / bytes_per_matrix, in_matrix = b % bytes_per_matrix;
+    const int64_t to = tiled ? nvfp4_tiled_scale_offset(tiled_row(m, in_matrix / groups_per_row),
+                                                        in_matrix % groups_per_row, 16 * groups_per_row)
+                             : b;
+    dst[e * bytes_per_expert + to] =
+        dummy_byte(seed + uint64_t(6 * e + 2 * m + 1), uint64_t(b % bytes_per_matrix), lo, span);
   }
 }
 
@@ -250,16 +270,17 @@ void launch_fill_dummy_experts(cudaStream_t stream, const CudaMoeExperts& ex, ui
   TETRA_CHECK(ex.down_format == ex.format, "moe: dummy experts have one format for all their matrices");
   if (fp4) {
     const int64_t w13_words = ex.w13_expert_bytes() / 4, w2_words = ex.w2_expert_bytes() / 4;
+    const bool tiled = ex.tiled();
     dummy_codes_kernel<<<grid_for(n * w13_words), 256, 0, stream>>>(static_cast<uint32_t*>(ex.w13), w13_words, H / 8,
-                                                                   I, 0, n * w13_words, seed);
+                                                                   I, 0, n * w13_words, seed, tiled);
     dummy_codes_kernel<<<grid_for(n * w2_words), 256, 0, stream>>>(static_cast<uint32_t*>(ex.w2), w2_words, I / 8, H,
-                                                                  2, n * w2_words, seed);
+                                                                  2, n * w2_words, seed, tiled);
     dummy_scales_kernel<<<grid_for(n * ex.w13_scale_expert_bytes()), 256, 0, stream>>>(
-        ex.w13_scale, ex.w13_scale_expert_bytes(), I * (H / 16), 0, n * ex.w13_scale_expert_bytes(), seed,
-        kDummyNvfp4ScaleLo, kDummyNvfp4ScaleSpan);
+        ex.w13_scale, ex.w13_scale_expert_bytes(), I * (H / 16), H / 16, 0, n * ex.w13_scale_expert_bytes(), seed,
+        kDummyNvfp4ScaleLo, kDummyNvfp4ScaleSpan, tiled);
     dummy_scales_kernel<<<grid_for(n * ex.w2_scale_expert_bytes()), 256, 0, stream>>>(
-        ex.w2_scale, ex.w2_scale_expert_bytes(), H * (I / 16), 2, n * ex.w2_scale_expert_bytes(), seed,
-        kDummyNvfp4ScaleLo, kDummyNvfp4ScaleSpan);
+        ex.w2_scale, ex.w2_scale_expert_bytes(), H * (I / 16), I / 16, 2, n * ex.w2_scale_expert_bytes(), seed,
+        kDummyNvfp4ScaleLo, kDummyNvfp4ScaleSpan, tiled);
   } else {
     dummy_dense_kernel<<<grid_for(n * 2 * I * H), 256, 0, stream>>>(static_cast<uint16_t*>(ex.w13), 2 * I * H, I * H, 0,
                                                                    n * 2 * I * H, seed);

@@ -35,9 +35,11 @@ struct MoeDecodeControl {
 };
 
 // Device weights of all experts, expert-major. E' = n_experts (+1 for the shared expert,
-// stored last). NVFP4 data keeps the checkpoint's row-major [n_out, n_in/2] bytes and
-// [n_out, n_in/16] E4M3 scales, except that the bits of every 32-bit word of 8 values are
-// placed in the device order of nvfp4_word.h, which the kernels decode in fewer instructions.
+// stored last). NVFP4 data holds the checkpoint's [n_out, n_in/2] bytes and [n_out, n_in/16]
+// E4M3 scales with the bits of every 32-bit word of 8 values in the device order of
+// nvfp4_word.h, which the kernels decode in fewer instructions. On the fast grid (tiled())
+// codes and scales are stored in the 16-row x 128-value blocks of nvfp4_tile.h, which a
+// warp reads as contiguous streams; elsewhere (the general path) they stay row-major.
 class CudaMoeExperts final : public MoeExperts {
  public:
   // down_format differs from format only where a checkpoint leaves the down projections
@@ -56,7 +58,9 @@ class CudaMoeExperts final : public MoeExperts {
   WeightFormat format;       // gate/up: Nvfp4 or Dense (BF16)
   WeightFormat down_format;  // down: the same, but for mixed checkpoints
   // w13: per expert [2I, H] (gate rows, then up rows); w2: per expert [H, I].
-  // Nvfp4: uint8 [E', 2I, H/2] and [E', H, I/2]; Dense: bf16 [E', 2I, H] and [E', H, I].
+  // Nvfp4: uint8 [E', 2I, H/2] and [E', H, I/2] (tiled: the same bytes in blocks, gate
+  // and up rows interleaved by 8);
+  // Dense: bf16 [E', 2I, H] and [E', H, I].
   void* w13 = nullptr;
   void* w2 = nullptr;
   uint8_t* w13_scale = nullptr;  // Nvfp4: E4M3 [E', 2I, H/16]
@@ -67,6 +71,7 @@ class CudaMoeExperts final : public MoeExperts {
   // Hidden and intermediate sizes on the fast kernels' grid (multiples of 128); else the
   // general kernels (moe_general.cu) run these experts.
   bool fast = false;
+  bool tiled() const { return fast && format == WeightFormat::Nvfp4; }
   // NVFP4 experts on the fast grid: the fused decode kernel's counters (one allocation).
   MoeDecodeControl decode_ctl;
 

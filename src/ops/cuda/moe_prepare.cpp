@@ -6,6 +6,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/nvfp4_tile.h"
 #include "ops/cuda/nvfp4_word.h"
 
 namespace tetra::ops::cuda {
@@ -103,23 +104,37 @@ void check_linear(const LinearWeight& w, WeightFormat format, int64_t n_out, int
   }
 }
 
-// Appends a matrix's weight bytes in the device layout (NVFP4 words in device order; dense as BF16).
-void append_weight(std::vector<uint8_t>& dst, const LinearWeight& w) {
+// Writes an NVFP4 matrix into its region of a packed array: its words in device order, row r
+// as row row_at(r) of a matrix n_in wide, tiled (nvfp4_tile.h) or row-major.
+template <typename RowAt>
+void put_nvfp4(std::vector<uint8_t>& codes, std::vector<uint8_t>& scales, int64_t codes_at, int64_t scales_at,
+               const LinearWeight& w, bool tiled, RowAt row_at) {
+  const auto* src = w.weight.as<const uint8_t>();
+  const auto* src_scale = w.block_scale.as<const uint8_t>();
+  const int64_t row_bytes = w.n_in / 2, groups = w.n_in / 16;
+  for (int64_t r = 0; r < w.n_out; ++r) {
+    const int64_t row = row_at(r);
+    for (int64_t b = 0; b < row_bytes; b += 4) {
+      uint32_t word;
+      std::memcpy(&word, src + r * row_bytes + b, 4);
+      word = nvfp4_device_word(word);
+      const int64_t to = tiled ? nvfp4_tiled_code_offset(row, b, w.n_in) : row * row_bytes + b;
+      std::memcpy(codes.data() + codes_at + to, &word, 4);
+    }
+    for (int64_t j = 0; j < groups; ++j)
+      scales[size_t(scales_at + (tiled ? nvfp4_tiled_scale_offset(row, j, w.n_in) : row * groups + j))] =
+          src_scale[r * groups + j];
+  }
+}
+
+// Appends a dense matrix as BF16.
+void append_dense(std::vector<uint8_t>& dst, const LinearWeight& w) {
   const auto* src = w.weight.as<const uint8_t>();
   const size_t n_bytes = size_t(w.weight.nbytes());
-  const size_t at = dst.size();
-  if (w.format == WeightFormat::Nvfp4) {
-    dst.resize(at + n_bytes);
-    for (size_t i = 0; i < n_bytes; i += 4) {
-      uint32_t word;
-      std::memcpy(&word, src + i, 4);
-      word = nvfp4_device_word(word);
-      std::memcpy(dst.data() + at + i, &word, 4);
-    }
-  } else if (w.weight.dtype == DType::BF16) {
+  if (w.weight.dtype == DType::BF16) {
     dst.insert(dst.end(), src, src + n_bytes);
   } else {
-    const size_t n = n_bytes / 4;
+    const size_t at = dst.size(), n = n_bytes / 4;
     dst.resize(at + 2 * n);
     for (size_t i = 0; i < n; ++i) {
       float f;
@@ -128,11 +143,6 @@ void append_weight(std::vector<uint8_t>& dst, const LinearWeight& w) {
       std::memcpy(dst.data() + at + 2 * i, &b, 2);
     }
   }
-}
-
-void append_scale(std::vector<uint8_t>& dst, const LinearWeight& w) {
-  const auto* src = w.block_scale.as<const uint8_t>();
-  dst.insert(dst.end(), src, src + w.block_scale.nbytes());
 }
 
 // Host bytes to the device: through the uploader's pinned ring, or a plain stream-ordered copy.
@@ -165,15 +175,27 @@ std::unique_ptr<MoeExperts> prepare_experts(const Context& ctx, const std::vecto
     check_linear(m->gate, format, shape.intermediate, shape.hidden, "gate");
     check_linear(m->up, format, shape.intermediate, shape.hidden, "up");
     check_linear(m->down, down_format, shape.hidden, shape.intermediate, "down");
-    append_weight(w13, m->gate);
-    append_weight(w13, m->up);
-    append_weight(w2, m->down);
     const bool fp4 = format == WeightFormat::Nvfp4, fp4_down = down_format == WeightFormat::Nvfp4;
+    const bool tiled = ex->tiled();
+    const int64_t I = shape.intermediate;
     if (fp4) {
-      append_scale(s13, m->gate);
-      append_scale(s13, m->up);
+      const int64_t at = int64_t(w13.size()), s_at = int64_t(s13.size());
+      w13.resize(w13.size() + size_t(ex->w13_expert_bytes()));
+      s13.resize(s13.size() + size_t(ex->w13_scale_expert_bytes()));
+      put_nvfp4(w13, s13, at, s_at, m->gate, tiled, [&](int64_t r) { return tiled ? nvfp4_gate_up_row(r, false) : r; });
+      put_nvfp4(w13, s13, at, s_at, m->up, tiled, [&](int64_t r) { return tiled ? nvfp4_gate_up_row(r, true) : I + r; });
+    } else {
+      append_dense(w13, m->gate);
+      append_dense(w13, m->up);
     }
-    if (fp4_down) append_scale(s2, m->down);
+    if (fp4_down) {
+      const int64_t at = int64_t(w2.size()), s_at = int64_t(s2.size());
+      w2.resize(w2.size() + size_t(ex->w2_expert_bytes()));
+      s2.resize(s2.size() + size_t(ex->w2_scale_expert_bytes()));
+      put_nvfp4(w2, s2, at, s_at, m->down, tiled, [](int64_t r) { return r; });
+    } else {
+      append_dense(w2, m->down);
+    }
     gscale.insert(gscale.end(), {fp4 ? m->gate.global_scale : 1.0f, fp4 ? m->up.global_scale : 1.0f,
                                  fp4_down ? m->down.global_scale : 1.0f});
   }

@@ -162,7 +162,7 @@ __device__ void gate_up_unit(const DecodeParams& p, const DecodeShared& sm, int 
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const BlockRole<kSplitGateUp> role(p.hidden / kMoeChunkK);
   const int n0 = tile * 16;
-  const int rows[2] = {n0, p.inter + n0};  // gate rows, up rows of w13
+  const int rows[2] = {2 * n0, 2 * n0 + 16};  // columns n0.., n0 + 8..: gate rows over up rows (nvfp4_tile.h)
   MoeGemmParams gp = p.gate_up;
   gp.b_rows = sm.row_token;
   WarpOperands<2, 1> op;
@@ -174,14 +174,16 @@ __device__ void gate_up_unit(const DecodeParams& p, const DecodeShared& sm, int 
   const float gs_gate = p.global_scale[item.expert * 3 + 0] * 256.0f;  // the 2^-8 left in the decoded weights
   const float gs_up = p.global_scale[item.expert * 3 + 1] * 256.0f;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int slot = 2 * t + (i & 1);
-    if (slot >= item.n) continue;
-    const float gate = acc[0][0][i] * gs_gate, up = acc[1][0][i] * gs_up;
-    const float hv = gate / (1.0f + __expf(-gate)) * up;
-    __nv_bfloat16 hb = __float2bfloat16_rn(hv);
-    __stcg(p.h + int64_t(item.begin + slot) * p.inter + n0 + g + (i >= 2 ? 8 : 0), *reinterpret_cast<uint16_t*>(&hb));
-  }
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int slot = 2 * t + e;
+      if (slot >= item.n) continue;
+      const float gate = acc[m][0][e] * gs_gate, up = acc[m][0][2 + e] * gs_up;  // rows g, g + 8 of tile m
+      const float hv = gate / (1.0f + __expf(-gate)) * up;
+      __nv_bfloat16 hb = __float2bfloat16_rn(hv);
+      __stcg(p.h + int64_t(item.begin + slot) * p.inter + n0 + 8 * m + g, *reinterpret_cast<uint16_t*>(&hb));
+    }
   __syncwarp();
   if (lane == 0) red_add_release_gpu(p.ctl.item_gate_up + item_index, 1);  // this tile of h is visible first
 }

@@ -21,7 +21,8 @@ namespace {
 using namespace moe_stream;
 
 // h[row, n] = silu(x W_gate^T) * (x W_up^T) for the tokens of one work item; blockIdx.y
-// picks 16 * kWarps / kSplit of the I columns, gate rows and the matching up rows.
+// picks 16 * kWarps / kSplit of the I columns. NVFP4: each of a warp's two tiles is 8 columns,
+// gate rows over up rows (nvfp4_tile.h). BF16: a gate tile and the matching up tile.
 template <bool kFp4, int kNT, int kS, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(MoeGemmParams p) {
   pdl_wait();
@@ -31,7 +32,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(M
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const BlockRole<kSplit> role(p.k / kMoeChunkK);
   const int n0 = (blockIdx.y * (kWarps / kSplit) + role.tile) * 16;
-  const int rows[2] = {n0, p.n + n0};  // gate rows, up rows of w13
+  const int rows[2] = {kFp4 ? 2 * n0 : n0, kFp4 ? 2 * n0 + 16 : p.n + n0};
   WarpOperands<2, kNT> op;
   warp_operands<kFp4, 2, kNT>(p, item, rows, op);
   float acc[2][kNT][4];
@@ -45,15 +46,19 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(M
 #pragma unroll
   for (int n = 0; n < kNT; ++n)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int slot = 8 * n + 2 * t + (i & 1);
-      if (slot >= item.n_rows) continue;
-      const float gate = acc[0][n][i] * gs_gate, up = acc[1][n][i] * gs_up;
-      const float hv = gate / (1.0f + __expf(-gate)) * up;
-      const int col = n0 + g + (i >= 2 ? 8 : 0);
-      __nv_bfloat16 hb = __float2bfloat16_rn(hv);
-      p.h[int64_t(item.row_begin + slot) * p.n + col] = *reinterpret_cast<uint16_t*>(&hb);
-    }
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int slot = 8 * n + 2 * t + e;
+        if (slot >= item.n_rows) continue;
+        // Column n0 + 8m + g. NVFP4: tile m's row g is its gate (accumulators 0, 1) and row g + 8
+        // its up (2, 3). BF16: tile 0 is gate and tile 1 up, rows g + 8m of each.
+        const float gate = (kFp4 ? acc[m][n][e] : acc[0][n][2 * m + e]) * gs_gate;
+        const float up = (kFp4 ? acc[m][n][2 + e] : acc[1][n][2 * m + e]) * gs_up;
+        const float hv = gate / (1.0f + __expf(-gate)) * up;
+        __nv_bfloat16 hb = __float2bfloat16_rn(hv);
+        p.h[int64_t(item.row_begin + slot) * p.n + n0 + 8 * m + g] = *reinterpret_cast<uint16_t*>(&hb);
+      }
 }
 
 // y[row, n] = h W_down^T for the tokens of one work item; each row tile is 32 rows of W_down.

@@ -6,13 +6,16 @@
 // K order inside a 128-wide chunk: lane (g, t) of the mma fragment owns the 32 consecutive
 // values k = 32t .. 32t+31 of its rows, and MMA k-step j (of 8) uses values 4j..4j+3 of
 // them. The reduction does not care about the order, and A (weights) and B (activations)
-// use the same one, so every lane loads 16 contiguous bytes of NVFP4 per row (64 of BF16)
-// and one 2-byte pair of block scales, and the 4 lanes of a row read 64 contiguous bytes.
+// use the same one, so every lane loads 16 contiguous bytes of NVFP4 per row (64 of BF16).
+// NVFP4 tiles are stored in the blocks of nvfp4_tile.h: a warp's load of rows g (and of rows
+// g + 8) is 512 contiguous bytes, and one 4-byte load gives a lane the scale pairs of both
+// its rows. BF16 tiles stay row-major: the 4 lanes of a row read 256 contiguous bytes.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/nvfp4_tile.h"
 #include "ops/cuda/sm90_nvfp4_decode.cuh"
 
 namespace tetra::ops::cuda::moe_stream {
@@ -37,16 +40,18 @@ template <bool kFp4, int kMT>
 struct Stage {
   static constexpr int kVecPerRow = kFp4 ? 1 : 4;  // 16-byte vectors per row per lane
   uint4 a[kMT][2][kVecPerRow];                     // rows g and g+8 of each tile
-  uint32_t s[kMT][2];                              // two E4M3 scales (Nvfp4 only)
+  uint32_t s[kMT];  // NVFP4: two E4M3 scales of row g, then two of row g+8
 };
 
-// A warp's view of its operands: row pointers already offset to the lane's share.
-// Rows g and g+8 of a tile are 8 rows apart: one pointer and one stride each saves registers.
+// A warp's view of its operands: pointers already offset to the lane's share of chunk 0.
+// NVFP4: the lane's bytes of its tile's first block (row g + 8 and the next chunks at fixed
+// offsets). BF16: row g of each tile, row g + 8 a_stride8 further: one pointer and one
+// stride each saves registers.
 template <int kMT, int kNT>
 struct WarpOperands {
-  const uint8_t* a[kMT];   // row g of each tile
-  const uint8_t* s[kMT];   // its scales (Nvfp4 only)
-  int a_stride8, s_stride8;  // bytes from row g to row g+8
+  const uint8_t* a[kMT];
+  const uint8_t* s[kMT];   // NVFP4: the lane's scale word of the tile's first block
+  int a_stride8;           // BF16: bytes from row g to row g+8
   const uint16_t* b[kNT];  // null where the token slot is empty
 };
 
@@ -54,18 +59,19 @@ template <bool kFp4, int kMT, int kNT>
 __device__ __forceinline__ void load_stage(Stage<kFp4, kMT>& st, const WarpOperands<kMT, kNT>& op,
                                            int chunk) {
 #pragma unroll
-  for (int m = 0; m < kMT; ++m)
+  for (int m = 0; m < kMT; ++m) {
+    if constexpr (kFp4) {
+      const uint8_t* a = op.a[m] + chunk * kNvfp4TileCodeBytes;
+      st.a[m][0][0] = ld_stream_v4(a);
+      st.a[m][1][0] = ld_stream_v4(a + kNvfp4TileHalfBytes);
+      st.s[m] = ld_stream_u32(op.s[m] + chunk * kNvfp4TileScaleBytes);
+    } else {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint8_t* a = op.a[m] + r * op.a_stride8;
-      if constexpr (kFp4) {
-        st.a[m][r][0] = ld_stream_v4(a + chunk * 64);
-        st.s[m][r] = ld_stream_u16(op.s[m] + r * op.s_stride8 + chunk * 8);
-      } else {
+      for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int v = 0; v < 4; ++v) st.a[m][r][v] = ld_stream_v4(a + chunk * 256 + 16 * v);
-      }
+        for (int v = 0; v < 4; ++v) st.a[m][r][v] = ld_stream_v4(op.a[m] + r * op.a_stride8 + chunk * 256 + 16 * v);
     }
+  }
 }
 
 template <bool kFp4, int kMT, int kNT, bool kCoherentB>
@@ -77,7 +83,7 @@ __device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT>& st,
 #pragma unroll
     for (int m = 0; m < kMT; ++m)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) scale_pair_to_bf16x2(st.s[m][r], sc[m][r][0], sc[m][r][1]);
+      for (int r = 0; r < 2; ++r) scale_pair_to_bf16x2(st.s[m] >> (16 * r), sc[m][r][0], sc[m][r][1]);
   }
   // Word w of the lane's 32 values holds values 8w..8w+7: k-steps 2w and 2w+1.
 #pragma unroll
@@ -181,6 +187,7 @@ __device__ __forceinline__ void reduce_split_k(float (&acc)[kMT][kNT][4], int kp
   }
 }
 
+// rows: the first row of each of the warp's tiles (multiples of 16).
 template <bool kFp4, int kMT, int kNT>
 __device__ __forceinline__ void warp_operands(const MoeGemmParams& p, const MoeWorkItem& item,
                                               const int (&rows)[kMT], WarpOperands<kMT, kNT>& op) {
@@ -188,12 +195,16 @@ __device__ __forceinline__ void warp_operands(const MoeGemmParams& p, const MoeW
   const uint8_t* w = p.w + item.expert * p.w_expert_bytes;
   const uint8_t* s = kFp4 ? p.w_scale + item.expert * p.s_expert_bytes : nullptr;
   op.a_stride8 = int(8 * p.w_row_bytes);
-  op.s_stride8 = int(8 * p.s_row_bytes);
 #pragma unroll
   for (int m = 0; m < kMT; ++m) {
-    const int row = rows[m] + g;
-    op.a[m] = w + row * p.w_row_bytes + (kFp4 ? 16 * t : 64 * t);
-    op.s[m] = kFp4 ? s + row * p.s_row_bytes + 2 * t : nullptr;
+    if constexpr (kFp4) {
+      const int64_t block = nvfp4_tile_block(rows[m], 0, p.k);
+      op.a[m] = w + block * kNvfp4TileCodeBytes + nvfp4_lane_code_offset(lane);
+      op.s[m] = s + block * kNvfp4TileScaleBytes + nvfp4_lane_scale_offset(lane);
+    } else {
+      op.a[m] = w + (rows[m] + g) * p.w_row_bytes + 64 * t;
+      op.s[m] = nullptr;
+    }
   }
 #pragma unroll
   for (int n = 0; n < kNT; ++n) {

@@ -13,11 +13,15 @@
 // (the 4 lanes of a row load the same addresses, one request) and decodes its own pair with
 // the two rotations nvfp4_pair_decode(t) gives it (nvfp4_word.h).
 // k-step j is exactly block-scale group j of the chunk, so each row needs all 8 of its scales.
+// The weights are in the blocks of nvfp4_tile.h: a row's chunk is 64 contiguous bytes, and the
+// next chunk's 1,024 further; its 8 scales sit in one 16-byte piece, in 2-byte pairs that
+// alternate with those of the row 8 apart.
 #include <cuda_bf16.h>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe_internal.h"
+#include "ops/cuda/nvfp4_tile.h"
 #include "ops/cuda/sm90_nvfp4_decode.cuh"
 #include "ops/cuda/wgmma.cuh"
 
@@ -52,25 +56,26 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ---- operands ----
 
-// A lane's weights of one chunk: the 64 bytes and 8 block scales of rows g and g+8.
+// A lane's weights of one chunk: the 64 bytes of rows g and g+8 and their scales' piece
+// (word p: pair p of row g in its low half, of row g + 8 in its high half).
 struct AChunk {
   uint4 w[2][4];
-  uint2 s[2];
+  uint4 s;
 };
 
 struct ARows {
-  const uint8_t* w[2];  // rows g and g+8 of the lane's warp
-  const uint8_t* s[2];
+  const uint8_t* w[2];  // rows g and g+8 of the lane's warp (of one block), chunk 0
+  const uint8_t* s;     // their scale piece, chunk 0
 };
 
 __device__ __forceinline__ void load_a(AChunk& a, const ARows& rows, int chunk) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const uint4* w = reinterpret_cast<const uint4*>(rows.w[r] + chunk * 64);
+    const uint4* w = reinterpret_cast<const uint4*>(rows.w[r] + chunk * kNvfp4TileCodeBytes);
 #pragma unroll
     for (int v = 0; v < 4; ++v) a.w[r][v] = __ldg(w + v);
-    a.s[r] = __ldg(reinterpret_cast<const uint2*>(rows.s[r] + chunk * 8));
   }
+  a.s = __ldg(reinterpret_cast<const uint4*>(rows.s + chunk * kNvfp4TileScaleBytes));
 }
 
 // The chunk's 8 k-steps of A fragments for this lane (pair = nvfp4_pair_decode(t)).
@@ -79,10 +84,7 @@ __device__ __forceinline__ void decode_a(const AChunk& a, const Nvfp4PairDecode&
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const uint32_t pair = ((p < 2 ? a.s[r].x : a.s[r].y) >> (16 * (p & 1))) & 0xffffu;
-      scale_pair_to_bf16x2(pair, sc[r][2 * p], sc[r][2 * p + 1]);
-    }
+    for (int p = 0; p < 4; ++p) scale_pair_to_bf16x2(word(a.s, p) >> (16 * r), sc[r][2 * p], sc[r][2 * p + 1]);
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -194,17 +196,20 @@ __device__ __forceinline__ bool setup_block(const MoeGemmParams& p, MoeWorkItem&
   return true;
 }
 
-__device__ __forceinline__ ARows a_rows(const MoeGemmParams& p, int expert, int row_g, int row_g8) {
-  const uint8_t* w = p.w + expert * p.w_expert_bytes;
-  const uint8_t* s = p.w_scale + expert * p.s_expert_bytes;
-  return ARows{{w + row_g * p.w_row_bytes, w + row_g8 * p.w_row_bytes},
-               {s + row_g * p.s_row_bytes, s + row_g8 * p.s_row_bytes}};
+// row_g: the lane's row g, in rows 0..7 of its block (row g + 8 is the same block's).
+__device__ __forceinline__ ARows a_rows(const MoeGemmParams& p, int expert, int row_g) {
+  const uint8_t* w = p.w + expert * p.w_expert_bytes + nvfp4_tiled_code_offset(row_g, 0, p.k);
+  const uint8_t* s = p.w_scale + expert * p.s_expert_bytes +
+                     nvfp4_tile_block(row_g, 0, p.k) * kNvfp4TileScaleBytes + nvfp4_row_scales_offset(row_g);
+  return ARows{{w, w + kNvfp4TileHalfBytes}, s};
 }
 
 // One work item's GEMM for 64 rows per warpgroup. Gate/up (kGateUp): h = silu(x W_gate^T) *
-// (x W_up^T); warp w of warpgroup wg owns h columns n0 + 8w .. n0 + 8w + 7, its fragment row
-// g being gate row n0 + 8w + g and row g + 8 the up row of the same column, so SiLU x up meets
-// in one thread. Down: y = h W_down^T; warp w owns output columns n0 + 16w .. n0 + 16w + 15.
+// (x W_up^T); warp w of warpgroup wg owns h columns n0 + 8w .. n0 + 8w + 7, one tile of the
+// interleaved gate/up matrix: its fragment row g is the gate row of column n0 + 8w + g and
+// row g + 8 the up row of the same column, so SiLU x up meets in one thread. Down: y =
+// h W_down^T; warp w owns output columns n0 + 16w .. n0 + 16w + 15. Either way a lane's two
+// rows are one block's rows g and g + 8, whose scales share one piece.
 template <int kN, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_kernel(MoeGemmParams p) {
   __shared__ const uint16_t* brows[kN];
@@ -217,7 +222,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_kernel(MoeGemmParams p) {
   const int g = lane >> 2, t = lane & 3;
   const int col = kGateUp ? (blockIdx.y * kWgs + wg) * 32 + 8 * warp + g
                           : (blockIdx.y * kWgs + wg) * 64 + 16 * warp + g;
-  const ARows arows = a_rows(p, item.expert, col, kGateUp ? p.n + col : col + 8);
+  const int row_g = kGateUp ? int(nvfp4_gate_up_row(col, false)) : col;
+  const ARows arows = a_rows(p, item.expert, row_g);
   float acc[TileShape<kN>::kAcc];
   gemm_block<kN>(arows, brows, p.b, p.k / kMoeChunkK, smem, acc);
 

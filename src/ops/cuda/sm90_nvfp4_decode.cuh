@@ -13,9 +13,9 @@
 
 namespace tetra::ops::cuda {
 
-// Weights are read once per work item: don't let them push the activations out of L1. Each
-// load takes 64 bytes of a row and the next chunks continue along it, so ask L2 to fetch the
-// surrounding 256 bytes from DRAM at once.
+// Weights are read once per work item: don't let them push the activations out of L1. A
+// warp's load is part of a contiguous stream (nvfp4_tile.h) that the next chunks continue, so
+// ask L2 to fetch the surrounding 256 bytes from DRAM at once.
 __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
   uint4 v;
   asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -24,9 +24,9 @@ __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
   return v;
 }
 
-__device__ __forceinline__ uint32_t ld_stream_u16(const void* p) {
-  unsigned short v;
-  asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+__device__ __forceinline__ uint32_t ld_stream_u32(const void* p) {
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
 }
 
