@@ -20,6 +20,19 @@ namespace {
 
 using namespace moe_stream;
 
+// A warp's two tiles over its share of K: NVFP4 through a ring of kS slots in shared memory,
+// BF16 through kS register stages.
+template <bool kFp4, int kNT, int kS, int kSplit>
+__device__ __forceinline__ void stream_tiles(const WarpOperands<2, kNT>& op, const BlockRole<kSplit>& role,
+                                             float (&acc)[2][kNT][4]) {
+  if constexpr (kFp4) {
+    __shared__ WarpRing<2, kS> ring[kWarps];
+    gemm_warp_ring<2, kNT, kS>(ring[threadIdx.x >> 5], op, role.c_begin, role.c_end, acc);
+  } else {
+    gemm_warp<false, 2, kNT, kS>(op, role.c_begin, role.c_end, acc);
+  }
+}
+
 // h[row, n] = silu(x W_gate^T) * (x W_up^T) for the tokens of one work item; blockIdx.y
 // picks 16 * kWarps / kSplit of the I columns. NVFP4: each of a warp's two tiles is 8 columns,
 // gate rows over up rows (nvfp4_tile.h). BF16: a gate tile and the matching up tile.
@@ -36,7 +49,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) gate_up_kernel(M
   WarpOperands<2, kNT> op;
   warp_operands<kFp4, 2, kNT>(p, item, rows, op);
   float acc[2][kNT][4];
-  gemm_warp<kFp4, 2, kNT, kS>(op, role.c_begin, role.c_end, acc);
+  stream_tiles<kFp4, kNT, kS>(op, role, acc);
   reduce_split_k<2, kNT, kSplit>(acc, role.kpart, role.tile);
   if (role.kpart != 0) return;
 
@@ -75,7 +88,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(kNT)) down_kernel(MoeG
   WarpOperands<2, kNT> op;
   warp_operands<kFp4, 2, kNT>(p, item, rows, op);
   float acc[2][kNT][4];
-  gemm_warp<kFp4, 2, kNT, kS>(op, role.c_begin, role.c_end, acc);
+  stream_tiles<kFp4, kNT, kS>(op, role, acc);
   reduce_split_k<2, kNT, kSplit>(acc, role.kpart, role.tile);
   if (role.kpart != 0) return;
 
@@ -112,9 +125,9 @@ void launch_pair(const KernelLaunch& launch, const MoeGemmParams& p, int max_ite
 template <bool kFp4>
 void launch_gemm(const KernelLaunch& launch, const MoeGemmParams& p, int tile_tokens, int max_items, bool gate_up) {
   switch (tile_tokens) {
-    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, 4, 2>(launch, p, max_items, gate_up); break;
-    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4, 2>(launch, p, max_items, gate_up); break;
-    case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(launch, p, max_items, gate_up); break;
+    case 8: launch_pair<kFp4, 1, kFp4 ? 4 : 2, 4, 2>(launch, p, max_items, gate_up); break;
+    case 16: launch_pair<kFp4, 2, kFp4 ? 4 : 2, 4, 2>(launch, p, max_items, gate_up); break;
+    case 32: launch_pair<kFp4, 4, kFp4 ? 4 : 2, 1, 1>(launch, p, max_items, gate_up); break;
     case 64: launch_pair<kFp4, 8, 2, 1, 1>(launch, p, max_items, gate_up); break;
     default:
       fail("moe: tile_tokens must be 8, 16, 32 or 64", kFp4 ? " (128, 192 or 256 for NVFP4)" : "", ", not ",

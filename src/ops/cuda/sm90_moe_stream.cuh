@@ -157,6 +157,71 @@ __device__ __forceinline__ void gemm_warp(const WarpOperands<kMT, kNT>& op, int 
   }
 }
 
+// ---- NVFP4: the stages in a shared-memory ring ----
+// Stage registers cap the bytes a warp has in flight (kS - 1 stages); a ring in shared
+// memory, fed by cp.async, holds them instead, so a warp keeps kRing - 1 chunks in flight
+// and its registers (so the warps an SM holds) do not grow with them. Each lane copies its
+// own bytes (its 16 of rows g and g + 8 of each tile, and its scale word) into its own slots
+// and reads back only those: cp.async's per-thread commit groups order everything, with no
+// barrier or warp sync. A slot is refilled only after the lane's reads of it have been used.
+template <int kMT, int kRing>
+struct WarpRing {
+  uint4 a[kRing][kMT][2][32];  // [slot][tile][row g, row g + 8][lane]
+  uint32_t s[kRing][kMT][32];  // [slot][tile][lane]
+};
+
+template <int kMT, int kNT, int kRing>
+__device__ __forceinline__ void ring_load(WarpRing<kMT, kRing>& ring, int slot, const WarpOperands<kMT, kNT>& op,
+                                          int chunk) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 0; m < kMT; ++m) {
+    const uint8_t* a = op.a[m] + chunk * kNvfp4TileCodeBytes;
+    cp_async_stream_16(&ring.a[slot][m][0][lane], a);
+    cp_async_stream_16(&ring.a[slot][m][1][lane], a + kNvfp4TileHalfBytes);
+    cp_async_stream_4(&ring.s[slot][m][lane], op.s[m] + chunk * kNvfp4TileScaleBytes);
+  }
+}
+
+// gemm_warp for NVFP4 weights through the warp's ring (same arguments, same result).
+template <int kMT, int kNT, int kRing, bool kCoherentB = false, typename BeforeB = NothingFirst>
+__device__ __forceinline__ void gemm_warp_ring(WarpRing<kMT, kRing>& ring, const WarpOperands<kMT, kNT>& op,
+                                               int c_begin, int c_end, float (&acc)[kMT][kNT][4],
+                                               BeforeB before_b = {}) {
+  static_assert(kRing >= 2, "a ring holds the chunk in use and at least one in flight");
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+  // One commit group per chunk, empty past c_end, so chunk c's is always kRing - 2 from the newest.
+#pragma unroll
+  for (int s = 0; s < kRing - 1; ++s) {
+    if (c_begin + s < c_end) ring_load(ring, s, op, c_begin + s);
+    cp_async_stream_commit();
+  }
+  before_b();
+  int slot = 0;
+  for (int c = c_begin; c < c_end; ++c) {
+    cp_async_stream_wait<kRing - 2>();
+    // The slot of chunk c - 1, whose values the previous iteration has used.
+    const int refill = slot == 0 ? kRing - 1 : slot - 1;
+    if (c + kRing - 1 < c_end) ring_load(ring, refill, op, c + kRing - 1);
+    cp_async_stream_commit();
+    Stage<true, kMT> st;
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+      st.a[m][0][0] = ring.a[slot][m][0][lane];
+      st.a[m][1][0] = ring.a[slot][m][1][lane];
+      st.s[m] = ring.s[slot][m][lane];
+    }
+    compute_stage<true, kMT, kNT, kCoherentB>(st, op, c, acc);
+    slot = slot + 1 == kRing ? 0 : slot + 1;
+  }
+}
+
 // Sums the partial accumulators of the kSplit warps that share a tile (each walked its own
 // K range); the warp with kpart 0 ends up with the total. Called by the whole block.
 template <int kMT, int kNT, int kSplit>
