@@ -45,7 +45,7 @@ constexpr int kItemTokens = 8;        // one MMA column tile
 constexpr int kMaxStored = 1024;      // routed experts + the shared one
 constexpr int kSplitGateUp = 4;       // K split over the block's 4 warps, one 16-column tile
 constexpr int kSplitDown = 2;         // 2 tiles of 32 rows, K split 2 ways
-constexpr int kRing = 4;              // slots of a warp's weight ring (sm90_moe_stream.cuh)
+constexpr int kStages = 3;            // the register pipeline of the tiles of 8
 constexpr int kDownCols = 32 * kWarps / kSplitDown;
 static_assert(kMoeDecodeMaxItems >= kMoeDecodeMaxRows + kMoeDecodeMaxRows / kItemTokens, "items of 8 rows");
 
@@ -79,10 +79,6 @@ struct DecodeShared {
 struct GroupScratch {
   int cnt[kMaxStored], off[kMaxStored], item_off[kMaxStored];
 };
-
-using Ring = WarpRing<2, kRing>;
-// The dynamic shared memory: the group scratch while grouping, then the warps' rings.
-constexpr int kDynamicSmem = int(std::max(sizeof(GroupScratch), kWarps * sizeof(Ring)));
 
 __device__ __forceinline__ int stored_expert(const DecodeParams& p, int r, int kk) {
   const int t = r / kk, j = r - t * kk;
@@ -161,7 +157,7 @@ __device__ void combine_tile(const DecodeParams& p, const DecodeShared& sm, int 
 }
 
 // One gate/up unit: h[rows of the item, 16 columns] = silu(x W_gate^T) * (x W_up^T).
-__device__ void gate_up_unit(const DecodeParams& p, const DecodeShared& sm, Ring& ring, int item_index, int tile) {
+__device__ void gate_up_unit(const DecodeParams& p, const DecodeShared& sm, int item_index, int tile) {
   const DecodeItem item = sm.items[item_index];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const BlockRole<kSplitGateUp> role(p.hidden / kMoeChunkK);
@@ -172,7 +168,7 @@ __device__ void gate_up_unit(const DecodeParams& p, const DecodeShared& sm, Ring
   WarpOperands<2, 1> op;
   warp_operands<true, 2, 1>(gp, MoeWorkItem{item.expert, item.begin, item.n, 0}, rows, op);
   float acc[2][1][4];
-  gemm_warp_ring<2, 1, kRing>(ring, op, role.c_begin, role.c_end, acc);
+  gemm_warp<true, 2, 1, kStages>(op, role.c_begin, role.c_end, acc);
   reduce_split_k<2, 1, kSplitGateUp>(acc, role.kpart, role.tile);
   if (role.kpart != 0) return;
   const float gs_gate = p.global_scale[item.expert * 3 + 0] * 256.0f;  // the 2^-8 left in the decoded weights
@@ -194,7 +190,7 @@ __device__ void gate_up_unit(const DecodeParams& p, const DecodeShared& sm, Ring
 
 // One down unit: y[rows of the item, 64 columns] = h W_down^T, then the combine of the
 // tokens whose last slot this was.
-__device__ void down_unit(const DecodeParams& p, const DecodeShared& sm, Ring& ring, int item_index, int unit_tile) {
+__device__ void down_unit(const DecodeParams& p, const DecodeShared& sm, int item_index, int unit_tile) {
   const DecodeItem item = sm.items[item_index];
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const BlockRole<kSplitDown> role(p.inter / kMoeChunkK);
@@ -205,7 +201,7 @@ __device__ void down_unit(const DecodeParams& p, const DecodeShared& sm, Ring& r
   float acc[2][1][4];
   // The weights do not depend on h: their first stages load while the block waits for it. h
   // of the item is complete once all its gate/up units have counted (each released its part).
-  gemm_warp_ring<2, 1, kRing, true>(ring, op, role.c_begin, role.c_end, acc, [&] {
+  gemm_warp<true, 2, 1, kStages, true>(op, role.c_begin, role.c_end, acc, [&] {
     if (threadIdx.x == 0)
       while (ld_acquire_gpu(p.ctl.item_gate_up + item_index) < p.inter / 16) __nanosleep(32);
     __syncthreads();
@@ -227,9 +223,7 @@ __device__ void down_unit(const DecodeParams& p, const DecodeShared& sm, Ring& r
 
 __global__ void __launch_bounds__(kWarps * 32, min_blocks(1)) moe_decode_kernel(DecodeParams p) {
   __shared__ DecodeShared sm;
-  extern __shared__ uint4 decode_dynamic_smem[];
-  GroupScratch& group = *reinterpret_cast<GroupScratch*>(decode_dynamic_smem);
-  Ring& ring = reinterpret_cast<Ring*>(decode_dynamic_smem)[threadIdx.x >> 5];
+  __shared__ GroupScratch group;
   // With PDL the router may still run: wait for its ids. Blocks of the next kernel may start
   // early once every block here has started; these blocks never wait for one that has not
   // (units are taken in order), so they cannot be starved by them.
@@ -248,9 +242,9 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(1)) moe_decode_kernel(
     int claimed = 0;
     if (threadIdx.x == 0) claimed = atomicAdd(p.ctl.next_unit, 1);
     if (u < n_gate_up)
-      gate_up_unit(p, sm, ring, u / (p.inter / 16), u % (p.inter / 16));
+      gate_up_unit(p, sm, u / (p.inter / 16), u % (p.inter / 16));
     else
-      down_unit(p, sm, ring, (u - n_gate_up) / (p.hidden / kDownCols), (u - n_gate_up) % (p.hidden / kDownCols));
+      down_unit(p, sm, (u - n_gate_up) / (p.hidden / kDownCols), (u - n_gate_up) % (p.hidden / kDownCols));
     __syncthreads();  // every warp is done with this unit (and sm.next_unit) before it moves on
     if (threadIdx.x == 0) sm.next_unit = claimed;
     __syncthreads();
@@ -302,10 +296,9 @@ void launch_moe_decode(const KernelLaunch& launch, const CudaMoeExperts& ex, con
   int device = 0, sms = 0, per_sm = 0;
   TETRA_CUDA_CHECK(cudaGetDevice(&device));
   TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  TETRA_CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynamicSmem));
-  TETRA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_decode_kernel, kWarps * 32, kDynamicSmem));
+  TETRA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_decode_kernel, kWarps * 32, 0));
   TETRA_CHECK(per_sm >= 1, "moe: the fused decode kernel does not fit on an SM");
-  launch_kernel(launch, moe_decode_kernel, sms * per_sm, kWarps * 32, kDynamicSmem, p);
+  launch_kernel(launch, moe_decode_kernel, sms * per_sm, kWarps * 32, 0, p);
 }
 
 }  // namespace tetra::ops::cuda

@@ -125,9 +125,9 @@ void launch_pair(const KernelLaunch& launch, const MoeGemmParams& p, int max_ite
 template <bool kFp4>
 void launch_gemm(const KernelLaunch& launch, const MoeGemmParams& p, int tile_tokens, int max_items, bool gate_up) {
   switch (tile_tokens) {
-    case 8: launch_pair<kFp4, 1, kFp4 ? 4 : 2, 4, 2>(launch, p, max_items, gate_up); break;
-    case 16: launch_pair<kFp4, 2, kFp4 ? 4 : 2, 4, 2>(launch, p, max_items, gate_up); break;
-    case 32: launch_pair<kFp4, 4, kFp4 ? 4 : 2, 1, 1>(launch, p, max_items, gate_up); break;
+    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, 4, 2>(launch, p, max_items, gate_up); break;
+    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, 4, 2>(launch, p, max_items, gate_up); break;
+    case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(launch, p, max_items, gate_up); break;
     case 64: launch_pair<kFp4, 8, 2, 1, 1>(launch, p, max_items, gate_up); break;
     default:
       fail("moe: tile_tokens must be 8, 16, 32 or 64", kFp4 ? " (128, 192 or 256 for NVFP4)" : "", ", not ",
