@@ -45,7 +45,9 @@ constexpr int kItemTokens = 8;        // one MMA column tile
 constexpr int kMaxStored = 1024;      // routed experts + the shared one
 constexpr int kSplitGateUp = 4;       // K split over the block's 4 warps, one 16-column tile
 constexpr int kSplitDown = 2;         // 2 tiles of 32 rows, K split 2 ways
-constexpr int kStages = 3;            // the register pipeline of the tiles of 8
+// The register pipeline of the tiles of 8. The shared-memory ring the grouped tiles use was
+// 8-14% slower here at T = 1 with 3 or 4 slots, and 4 or 5 blocks an SM (docs/PERF.md).
+constexpr int kStages = 3;
 constexpr int kDownCols = 32 * kWarps / kSplitDown;
 static_assert(kMoeDecodeMaxItems >= kMoeDecodeMaxRows + kMoeDecodeMaxRows / kItemTokens, "items of 8 rows");
 

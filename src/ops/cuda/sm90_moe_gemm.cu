@@ -3,9 +3,11 @@
 // Decode is bound by the bytes of the experts a batch touches, so the kernels are built to
 // stream weights: every warp owns 16 weight rows (the MMA's M) of one or two matrices and
 // walks the whole K dimension, with the tokens of one work item as the MMA's N (8, 16 or 32:
-// the "swapped" A/B of a GEMV). NVFP4 tiles of 64 to 256 tokens go to sm90_moe_wgmma.cu. Weight bytes are read exactly once per work item and never
-// staged through shared memory; the activations (a few KB per item) come through L1.
-// The warp's streaming loop and its K order are in sm90_moe_stream.cuh.
+// the "swapped" A/B of a GEMV). NVFP4 tiles of 64 to 256 tokens go to sm90_moe_wgmma.cu.
+// Weight bytes are read exactly once per work item, NVFP4 ones through a per-warp ring in
+// shared memory that holds the bytes in flight in place of registers; the activations (a few
+// KB per item) come through L1. The warp's streaming loop and its K order are in
+// sm90_moe_stream.cuh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -20,8 +22,9 @@ namespace {
 
 using namespace moe_stream;
 
-// A warp's two tiles over its share of K: NVFP4 through a ring of kS slots in shared memory,
-// BF16 through kS register stages.
+// A warp's two tiles over its share of K: NVFP4 through a ring of kS slots in shared memory
+// (3 slots: 80 registers, 30 KB a block, so 6 blocks an SM for tiles of 8; 4 slots kept fewer
+// warps and measured slower), BF16 through kS register stages.
 template <bool kFp4, int kNT, int kS, int kSplit>
 __device__ __forceinline__ void stream_tiles(const WarpOperands<2, kNT>& op, const BlockRole<kSplit>& role,
                                              float (&acc)[2][kNT][4]) {

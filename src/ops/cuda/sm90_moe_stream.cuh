@@ -1,7 +1,9 @@
 // The weight-streaming warp of the mma.sync MoE kernels (sm90_moe_gemm.cu's grouped GEMMs and
 // sm90_moe_decode.cu's persistent layer): every warp owns 16-row tiles of one or two weight
-// matrices and walks its share of K in 128-wide chunks through a register pipeline, the tokens
-// of one work item as the MMA's N.
+// matrices and walks its share of K in 128-wide chunks, the tokens of one work item as the
+// MMA's N. Its stages travel through registers (gemm_warp: BF16, and the persistent layer)
+// or, for the grouped NVFP4 tiles, through a ring in shared memory (gemm_warp_ring), which
+// frees the registers so more warps fit an SM: docs/PERF.md measured both ways.
 //
 // K order inside a 128-wide chunk: lane (g, t) of the mma fragment owns the 32 consecutive
 // values k = 32t .. 32t+31 of its rows, and MMA k-step j (of 8) uses values 4j..4j+3 of
