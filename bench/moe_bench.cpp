@@ -16,6 +16,7 @@
 #include <set>
 
 #include "bench/moe_baseline.h"
+#include "bench/read_probe.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/moe.h"
@@ -430,6 +431,13 @@ int run_moe_bench(const MoeBenchOptions& opt) {
                 "median of %d; floor = max(expert bytes / %.2f TB/s, FLOPs / %.0f TFLOP/s)\n",
                 props.name.c_str(), props.sm_count, opt.iters, kBytesPerSecond / 1e12,
                 kBf16FlopsPerSecond / 1e12);
+  }
+  // The ceiling this run's floors can be held against: a plain stream of 2 GiB (34x the L2).
+  const ReadCeiling ceiling = measure_read_ceiling(stream, props.sm_count, int64_t(2) << 30, 20);
+  if (!opt.json) {
+    std::printf("read ceiling (this run): %.2f TB/s median of 20 reads of %.1f GB (min %.2f, max %.2f); "
+                "%%floor uses %.2f TB/s\n",
+                ceiling.median_tbps, ceiling.bytes / 1e9, ceiling.min_tbps, ceiling.max_tbps, kBytesPerSecond / 1e12);
     print_header();
   }
   int rc = 0;
@@ -442,7 +450,16 @@ int run_moe_bench(const MoeBenchOptions& opt) {
   }
   cublasDestroy(cublas);
   cudaStreamDestroy(stream);
-  if (opt.json) std::printf("%s\n", nlohmann::json{{"bench", "moe"}, {"device", props.name}, {"rows", rows}}.dump(1).c_str());
+  if (opt.json)
+    std::printf("%s\n", nlohmann::json{{"bench", "moe"},
+                                       {"device", props.name},
+                                       {"read_ceiling_tbps", {{"median", ceiling.median_tbps},
+                                                              {"min", ceiling.min_tbps},
+                                                              {"max", ceiling.max_tbps},
+                                                              {"bytes", ceiling.bytes}}},
+                                       {"rows", rows}}
+                             .dump(1)
+                             .c_str());
   return rc;
 }
 
