@@ -5,14 +5,13 @@
 // or, for the grouped NVFP4 tiles, through a ring in shared memory (gemm_warp_ring), which
 // frees the registers so more warps fit an SM: docs/PERF.md measured both ways.
 //
-// K order inside a 128-wide chunk: lane (g, t) of the mma fragment owns 32 values of its
-// rows, in 4 words of 8: word w is values 8 (t + 4w) .. + 7 (nvfp4_lane_word_values), and
-// MMA k-steps 2w and 2w + 1 use its halves. The reduction does not care about the order, and
-// A (weights) and B (activations) use the same one, so the 4 lanes of a token read 64
-// contiguous bytes of activations for a word. NVFP4 tiles are stored in the blocks of
-// nvfp4_tile.h: a lane's 16 bytes of a row hold its 4 words, a warp's load of rows g (and of
-// rows g + 8) is 512 contiguous bytes, and one 8-byte load gives a lane the scales of both
-// its rows. BF16 tiles stay row-major: lane t's word w is the 16 bytes at 16 t + 64 w.
+// K order inside a 128-wide chunk: lane (g, t) of the mma fragment owns the 32 consecutive
+// values k = 32t .. 32t+31 of its rows, and MMA k-step j (of 8) uses values 4j..4j+3 of
+// them. The reduction does not care about the order, and A (weights) and B (activations)
+// use the same one, so every lane loads 16 contiguous bytes of NVFP4 per row (64 of BF16).
+// NVFP4 tiles are stored in the blocks of nvfp4_tile.h: a warp's load of rows g (and of rows
+// g + 8) is 512 contiguous bytes, and one 4-byte load gives a lane the scale pairs of both
+// its rows. BF16 tiles stay row-major: the 4 lanes of a row read 256 contiguous bytes.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -43,7 +42,7 @@ template <bool kFp4, int kMT>
 struct Stage {
   static constexpr int kVecPerRow = kFp4 ? 1 : 4;  // 16-byte vectors per row per lane
   uint4 a[kMT][2][kVecPerRow];                     // rows g and g+8 of each tile
-  uint2 s[kMT];  // NVFP4: the E4M3 scales of row g's 4 words, then of row g+8's
+  uint32_t s[kMT];  // NVFP4: two E4M3 scales of row g, then two of row g+8
 };
 
 // A warp's view of its operands: pointers already offset to the lane's share of chunk 0.
@@ -67,12 +66,12 @@ __device__ __forceinline__ void load_stage(Stage<kFp4, kMT>& st, const WarpOpera
       const uint8_t* a = op.a[m] + chunk * kNvfp4TileCodeBytes;
       st.a[m][0][0] = ld_stream_v4(a);
       st.a[m][1][0] = ld_stream_v4(a + kNvfp4TileHalfBytes);
-      st.s[m] = ld_stream_v2(op.s[m] + chunk * kNvfp4TileScaleBytes);
+      st.s[m] = ld_stream_u32(op.s[m] + chunk * kNvfp4TileScaleBytes);
     } else {
 #pragma unroll
       for (int r = 0; r < 2; ++r)
 #pragma unroll
-        for (int v = 0; v < 4; ++v) st.a[m][r][v] = ld_stream_v4(op.a[m] + r * op.a_stride8 + chunk * 256 + 64 * v);
+        for (int v = 0; v < 4; ++v) st.a[m][r][v] = ld_stream_v4(op.a[m] + r * op.a_stride8 + chunk * 256 + 16 * v);
     }
   }
 }
@@ -81,26 +80,22 @@ template <bool kFp4, int kMT, int kNT, bool kCoherentB>
 __device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT>& st,
                                               const WarpOperands<kMT, kNT>& op, int chunk,
                                               float (&acc)[kMT][kNT][4]) {
-  uint32_t sc[kMT][2][4];  // the scale of each row's word w
+  uint32_t sc[kMT][2][2];
   if constexpr (kFp4) {
 #pragma unroll
     for (int m = 0; m < kMT; ++m)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t s = r == 0 ? st.s[m].x : st.s[m].y;
-        scale_pair_to_bf16x2(s, sc[m][r][0], sc[m][r][1]);
-        scale_pair_to_bf16x2(s >> 16, sc[m][r][2], sc[m][r][3]);
-      }
+      for (int r = 0; r < 2; ++r) scale_pair_to_bf16x2(st.s[m] >> (16 * r), sc[m][r][0], sc[m][r][1]);
   }
-  // Word w of the lane's 32 values: k-steps 2w and 2w+1.
+  // Word w of the lane's 32 values holds values 8w..8w+7: k-steps 2w and 2w+1.
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     uint4 b[kNT];
 #pragma unroll
     for (int n = 0; n < kNT; ++n)
       b[n] = !op.b[n] ? make_uint4(0, 0, 0, 0)
-             : kCoherentB ? __ldcg(reinterpret_cast<const uint4*>(op.b[n] + chunk * 128 + nvfp4_lane_word_values(0, w)))
-                          : __ldg(reinterpret_cast<const uint4*>(op.b[n] + chunk * 128 + nvfp4_lane_word_values(0, w)));
+             : kCoherentB ? __ldcg(reinterpret_cast<const uint4*>(op.b[n] + chunk * 128) + w)
+                          : __ldg(reinterpret_cast<const uint4*>(op.b[n] + chunk * 128) + w);
     uint32_t a[2][kMT][4];  // [k-step][tile][mma A register]
 #pragma unroll
     for (int m = 0; m < kMT; ++m)
@@ -108,7 +103,7 @@ __device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT>& st,
       for (int r = 0; r < 2; ++r) {
         if constexpr (kFp4) {
           const uint32_t q = word(st.a[m][r][0], w);
-          const uint32_t s = sc[m][r][w];
+          const uint32_t s = sc[m][r][w >> 1];
           a[0][m][r] = bf16x2_mul(nvfp4_pair_raw<0>(q), s);      // values 0, 1
           a[0][m][2 + r] = bf16x2_mul(nvfp4_pair_raw<1>(q), s);  // values 2, 3
           a[1][m][r] = bf16x2_mul(nvfp4_pair_raw<2>(q), s);      // values 4, 5
@@ -168,13 +163,13 @@ __device__ __forceinline__ void gemm_warp(const WarpOperands<kMT, kNT>& op, int 
 // Stage registers cap the bytes a warp has in flight (kS - 1 stages); a ring in shared
 // memory, fed by cp.async, holds them instead, so a warp keeps kRing - 1 chunks in flight
 // and its registers (so the warps an SM holds) do not grow with them. Each lane copies its
-// own bytes (its 16 of rows g and g + 8 of each tile, and its 8 of scales) into its own slots
+// own bytes (its 16 of rows g and g + 8 of each tile, and its scale word) into its own slots
 // and reads back only those: cp.async's per-thread commit groups order everything, with no
 // barrier or warp sync. A slot is refilled only after the lane's reads of it have been used.
 template <int kMT, int kRing>
 struct WarpRing {
   uint4 a[kRing][kMT][2][32];  // [slot][tile][row g, row g + 8][lane]
-  uint2 s[kRing][kMT][32];     // [slot][tile][lane]
+  uint32_t s[kRing][kMT][32];  // [slot][tile][lane]
 };
 
 template <int kMT, int kNT, int kRing>
@@ -186,7 +181,7 @@ __device__ __forceinline__ void ring_load(WarpRing<kMT, kRing>& ring, int slot, 
     const uint8_t* a = op.a[m] + chunk * kNvfp4TileCodeBytes;
     cp_async_stream_16(&ring.a[slot][m][0][lane], a);
     cp_async_stream_16(&ring.a[slot][m][1][lane], a + kNvfp4TileHalfBytes);
-    cp_async_stream_8(&ring.s[slot][m][lane], op.s[m] + chunk * kNvfp4TileScaleBytes);
+    cp_async_stream_4(&ring.s[slot][m][lane], op.s[m] + chunk * kNvfp4TileScaleBytes);
   }
 }
 
@@ -274,7 +269,7 @@ __device__ __forceinline__ void warp_operands(const MoeGemmParams& p, const MoeW
       op.a[m] = w + block * kNvfp4TileCodeBytes + nvfp4_lane_code_offset(lane);
       op.s[m] = s + block * kNvfp4TileScaleBytes + nvfp4_lane_scale_offset(lane);
     } else {
-      op.a[m] = w + (rows[m] + g) * p.w_row_bytes + 2 * nvfp4_lane_word_values(t, 0);
+      op.a[m] = w + (rows[m] + g) * p.w_row_bytes + 64 * t;
       op.s[m] = nullptr;
     }
   }
@@ -284,7 +279,7 @@ __device__ __forceinline__ void warp_operands(const MoeGemmParams& p, const MoeW
     if (slot < item.n_rows) {
       const int prow = item.row_begin + slot;
       const int brow = p.b_rows ? p.b_rows[prow] : prow;
-      op.b[n] = p.b + int64_t(brow) * p.k + nvfp4_lane_word_values(t, 0);
+      op.b[n] = p.b + int64_t(brow) * p.k + 32 * t;
     } else {
       op.b[n] = nullptr;
     }

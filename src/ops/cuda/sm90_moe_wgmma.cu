@@ -13,9 +13,9 @@
 // (the 4 lanes of a row load the same addresses, one request) and decodes its own pair with
 // the two rotations nvfp4_pair_decode(t) gives it (nvfp4_word.h).
 // k-step j is exactly block-scale group j of the chunk, so each row needs all 8 of its scales.
-// The weights are in the blocks of nvfp4_tile.h: a row's chunk is 64 contiguous bytes (its 16
-// words with their 4 x 4 arrangement transposed, which the decode undoes by indexing), and
-// the next chunk's 1,024 further; its 8 scales share one 16-byte piece with the row 8 apart's.
+// The weights are in the blocks of nvfp4_tile.h: a row's chunk is 64 contiguous bytes, and the
+// next chunk's 1,024 further; its 8 scales sit in one 16-byte piece, in 2-byte pairs that
+// alternate with those of the row 8 apart.
 #include <cuda_bf16.h>
 
 #include "ops/cuda/cuda_check.h"
@@ -57,7 +57,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // ---- operands ----
 
 // A lane's weights of one chunk: the 64 bytes of rows g and g+8 and their scales' piece
-// (word 2p + h: scales p, p + 2, p + 4, p + 6 of row g if h is 0, of row g + 8 if 1).
+// (word p: pair p of row g in its low half, of row g + 8 in its high half).
 struct AChunk {
   uint4 w[2][4];
   uint4 s;
@@ -80,25 +80,17 @@ __device__ __forceinline__ void load_a(AChunk& a, const ARows& rows, int chunk) 
 
 // The chunk's 8 k-steps of A fragments for this lane (pair = nvfp4_pair_decode(t)).
 __device__ __forceinline__ void decode_a(const AChunk& a, const Nvfp4PairDecode& pair, uint32_t (&frag)[8][4]) {
-  uint32_t sc[2][8];  // [row][scale j]
+  uint32_t sc[2][8];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const uint32_t s = word(a.s, 2 * p + r);
-      scale_pair_to_bf16x2(s, sc[r][p], sc[r][p + 2]);
-      scale_pair_to_bf16x2(s >> 16, sc[r][p + 4], sc[r][p + 6]);
-    }
-  // k-step j: the row's words 2j and 2j + 1, at their stored slots.
-  auto stored_word = [&](int r, int q) {
-    const int slot = nvfp4_tile_word_slot(q);
-    return word(a.w[r][slot / 4], slot % 4);
-  };
+    for (int p = 0; p < 4; ++p) scale_pair_to_bf16x2(word(a.s, p) >> (16 * r), sc[r][2 * p], sc[r][2 * p + 1]);
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint32_t lo = stored_word(r, 2 * j), hi = stored_word(r, 2 * j + 1);
+      const uint4& v = a.w[r][j >> 1];
+      const uint32_t lo = word(v, 2 * (j & 1)), hi = word(v, 2 * (j & 1) + 1);
       frag[j][r] = bf16x2_mul(nvfp4_pair_raw(lo, pair), sc[r][j]);      // k 2t, 2t+1
       frag[j][2 + r] = bf16x2_mul(nvfp4_pair_raw(hi, pair), sc[r][j]);  // k 2t+8, 2t+9
     }

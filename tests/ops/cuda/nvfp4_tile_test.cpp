@@ -1,7 +1,7 @@
 // The tiled layout of the fast path's NVFP4 experts (ops/cuda/nvfp4_tile.h), checked on the
 // CPU: every byte and scale has one place, and the reads the kernels make from it (a
-// streaming lane's 16 bytes and 8 scales, the activations it pairs them with, a wgmma lane's
-// row and scale piece, the interleaved gate/up rows) find the checkpoint's values. The GPU tests run the kernels
+// streaming lane's 16 bytes and scale word, a wgmma lane's row and scale piece, the
+// interleaved gate/up rows) find the checkpoint's values. The GPU tests run the kernels
 // against the dequantized weights; this checks the index algebra they rest on.
 #include <gtest/gtest.h>
 
@@ -63,34 +63,17 @@ TEST(Nvfp4Tile, AStreamingLaneReadsItsRowsAndScales) {
         for (int half = 0; half < 2; ++half) {
           const int64_t row = 16 * tile + g + 8 * half;
           const int64_t at = block * kNvfp4TileCodeBytes + nvfp4_lane_code_offset(lane) + half * kNvfp4TileHalfBytes;
-          for (int w = 0; w < 4; ++w)  // word w: the 8 values whose activations the lane pairs with it
-            for (int b = 0; b < 4; ++b)
-              ASSERT_EQ(t.codes[at + 4 * w + b], code_at(row, 64 * c + nvfp4_lane_word_values(q, w) / 2 + b))
-                  << tile << " " << c << " " << lane << " " << w;
+          for (int b = 0; b < 16; ++b)  // values 32q .. 32q + 31 of the chunk
+            ASSERT_EQ(t.codes[at + b], code_at(row, 64 * c + 16 * q + b)) << tile << " " << c << " " << lane;
         }
         const int64_t s = block * kNvfp4TileScaleBytes + nvfp4_lane_scale_offset(lane);
-        for (int i = 0; i < 8; ++i)  // the scale of each word w of row g, then of row g + 8
-          ASSERT_EQ(t.scales[s + i], scale_at(16 * tile + g + 8 * (i / 4), 8 * c + nvfp4_lane_word_values(q, i % 4) / 16))
-              << lane << " " << i;
+        for (int i = 0; i < 4; ++i)  // scales 2q, 2q + 1 of row g, then of row g + 8
+          ASSERT_EQ(t.scales[s + i], scale_at(16 * tile + g + 8 * (i / 2), 8 * c + 2 * q + i % 2)) << lane << " " << i;
       }
     }
-  // A warp's loads are contiguous: rows 0..7 of a block, then rows 8..15, then its scales
-  // (lanes t and t ^ 1 share theirs).
+  // A warp's loads are contiguous: rows 0..7 of a block, then rows 8..15, then its scales.
   EXPECT_EQ(nvfp4_lane_code_offset(31) + 16, kNvfp4TileHalfBytes);
-  EXPECT_EQ(nvfp4_lane_scale_offset(31) + 8, kNvfp4TileScaleBytes);
-  EXPECT_EQ(nvfp4_lane_scale_offset(4 * 3 + 1), nvfp4_lane_scale_offset(4 * 3 + 0));
-}
-
-TEST(Nvfp4Tile, ATokensLanesReadOneWordOfActivationsContiguously) {
-  // For each word w, lanes t = 0..3 of a token take values 32w .. 32w + 31 of the chunk, in order.
-  for (int w = 0; w < 4; ++w)
-    for (int t = 0; t < 4; ++t) EXPECT_EQ(nvfp4_lane_word_values(t, w), 32 * w + 8 * t);
-  // And every value of the chunk belongs to exactly one (lane, word).
-  std::set<int> values;
-  for (int t = 0; t < 4; ++t)
-    for (int w = 0; w < 4; ++w)
-      for (int v = 0; v < 8; ++v) EXPECT_TRUE(values.insert(nvfp4_lane_word_values(t, w) + v).second);
-  EXPECT_EQ(values.size(), size_t(kNvfp4TileK));
+  EXPECT_EQ(nvfp4_lane_scale_offset(31) + 4, kNvfp4TileScaleBytes);
 }
 
 TEST(Nvfp4Tile, AWgmmaLaneReadsARowAndItsScalePiece) {
@@ -98,15 +81,12 @@ TEST(Nvfp4Tile, AWgmmaLaneReadsARowAndItsScalePiece) {
   for (int64_t r = 0; r < kRows; ++r)
     for (int64_t c = 0; c < kK / kNvfp4TileK; ++c) {
       const int64_t at = nvfp4_tiled_code_offset(r, 0, kK) + c * kNvfp4TileCodeBytes;
-      for (int s = 0; s < 16; ++s)  // stored word s is word nvfp4_tile_word_slot(s) of the chunk
-        for (int b = 0; b < 4; ++b)
-          ASSERT_EQ(t.codes[at + 4 * s + b], code_at(r, 64 * c + 4 * nvfp4_tile_word_slot(s) + b)) << r << " " << c;
+      for (int b = 0; b < 64; ++b) ASSERT_EQ(t.codes[at + b], code_at(r, 64 * c + b)) << r << " " << c;
       if (r % 16 >= 8) continue;
       const int64_t piece = (nvfp4_tile_block(r, 0, kK) + c) * kNvfp4TileScaleBytes + nvfp4_row_scales_offset(r);
-      for (int p = 0; p < 2; ++p)
-        for (int h = 0; h < 2; ++h)
-          for (int b = 0; b < 4; ++b)  // word 2p + h: scales p, p + 2, p + 4, p + 6 of row r + 8h
-            ASSERT_EQ(t.scales[piece + 4 * (2 * p + h) + b], scale_at(r + 8 * h, 8 * c + p + 2 * b)) << r << " " << p;
+      for (int p = 0; p < 4; ++p)
+        for (int i = 0; i < 4; ++i)  // word p: pair p of row r, then of row r + 8
+          ASSERT_EQ(t.scales[piece + 4 * p + i], scale_at(r + 8 * (i / 2), 8 * c + 2 * p + i % 2)) << r << " " << p;
     }
 }
 
