@@ -126,6 +126,16 @@ __device__ __forceinline__ void compute_stage(const Stage<kFp4, kMT>& st,
   }
 }
 
+template <int kMT, int kNT>
+__device__ __forceinline__ void zero_acc(float (&acc)[kMT][kNT][4]) {
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+}
+
 struct NothingFirst {
   __device__ void operator()() const {}
 };
@@ -138,12 +148,7 @@ struct NothingFirst {
 template <bool kFp4, int kMT, int kNT, int kS, bool kCoherentB = false, typename BeforeB = NothingFirst>
 __device__ __forceinline__ void gemm_warp(const WarpOperands<kMT, kNT>& op, int c_begin, int c_end,
                                           float (&acc)[kMT][kNT][4], BeforeB before_b = {}) {
-#pragma unroll
-  for (int m = 0; m < kMT; ++m)
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+  zero_acc(acc);
   Stage<kFp4, kMT> st[kS];
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s)
@@ -192,26 +197,21 @@ __device__ __forceinline__ void gemm_warp_ring(WarpRing<kMT, kRing>& ring, const
                                                BeforeB before_b = {}) {
   static_assert(kRing >= 2, "a ring holds the chunk in use and at least one in flight");
   const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int m = 0; m < kMT; ++m)
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.0f;
+  zero_acc(acc);
   // One commit group per chunk, empty past c_end, so chunk c's is always kRing - 2 from the newest.
 #pragma unroll
   for (int s = 0; s < kRing - 1; ++s) {
     if (c_begin + s < c_end) ring_load(ring, s, op, c_begin + s);
-    cp_async_stream_commit();
+    cp_async_commit();
   }
   before_b();
   int slot = 0;
   for (int c = c_begin; c < c_end; ++c) {
-    cp_async_stream_wait<kRing - 2>();
+    cp_async_wait<kRing - 2>();
     // The slot of chunk c - 1, whose values the previous iteration has used.
     const int refill = slot == 0 ? kRing - 1 : slot - 1;
     if (c + kRing - 1 < c_end) ring_load(ring, refill, op, c + kRing - 1);
-    cp_async_stream_commit();
+    cp_async_commit();
     Stage<true, kMT> st;
 #pragma unroll
     for (int m = 0; m < kMT; ++m) {

@@ -31,7 +31,8 @@ __device__ __forceinline__ uint32_t ld_stream_u32(const void* p) {
 }
 
 // The same reads into shared memory (cp.async: the bytes in flight hold no registers). Each
-// thread's copies complete in the order of its commit groups.
+// thread's copies complete in the order of its commit groups (cp_async_commit and
+// cp_async_wait, mma_sync.cuh).
 __device__ __forceinline__ void cp_async_stream_16(void* smem_dst, const void* src) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(
                    static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
@@ -42,11 +43,6 @@ __device__ __forceinline__ void cp_async_stream_4(void* smem_dst, const void* sr
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
                "l"(src)
                : "memory");
-}
-__device__ __forceinline__ void cp_async_stream_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_stream_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
