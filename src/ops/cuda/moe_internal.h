@@ -122,7 +122,7 @@ struct MoeGemmParams {
   const uint8_t* w;        // w13 or w2, all experts
   const uint8_t* w_scale;  // Nvfp4 only
   const float* global_scale;
-  int64_t w_expert_bytes, w_row_bytes, s_expert_bytes, s_row_bytes;
+  int64_t w_expert_bytes, w_row_bytes, s_expert_bytes;  // w_row_bytes: read by BF16 tiles only (NVFP4 is tiled)
   const uint16_t* b;   // x [T, H] (gate/up) or h [T*k', I] (down)
   const int* b_rows;   // gate/up: token of each permuted row; down: null (rows are permuted)
   int k;               // H (gate/up) or I (down)

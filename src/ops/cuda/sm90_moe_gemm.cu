@@ -129,18 +129,8 @@ void launch_pair(const KernelLaunch& launch, const MoeGemmParams& p, int max_ite
 template <bool kFp4>
 void launch_gemm(const KernelLaunch& launch, const MoeGemmParams& p, int tile_tokens, int max_items, bool gate_up) {
   switch (tile_tokens) {
-    case 8:
-      if constexpr (kFp4)
-        launch_pair<true, 1, 3, 2, 1>(launch, p, max_items, gate_up);
-      else
-        launch_pair<false, 1, 2, 4, 2>(launch, p, max_items, gate_up);
-      break;
-    case 16:
-      if constexpr (kFp4)
-        launch_pair<true, 2, 3, 1, 1>(launch, p, max_items, gate_up);
-      else
-        launch_pair<false, 2, 2, 4, 2>(launch, p, max_items, gate_up);
-      break;
+    case 8: launch_pair<kFp4, 1, kFp4 ? 3 : 2, kFp4 ? 2 : 4, kFp4 ? 1 : 2>(launch, p, max_items, gate_up); break;
+    case 16: launch_pair<kFp4, 2, kFp4 ? 3 : 2, kFp4 ? 1 : 4, kFp4 ? 1 : 2>(launch, p, max_items, gate_up); break;
     case 32: launch_pair<kFp4, 4, kFp4 ? 3 : 2, 1, 1>(launch, p, max_items, gate_up); break;
     case 64: launch_pair<kFp4, 8, 2, 1, 1>(launch, p, max_items, gate_up); break;
     default:
@@ -164,7 +154,6 @@ MoeGemmParams moe_gemm_params(const CudaMoeExperts& ex, const MoeScratch& s, boo
   p.w_expert_bytes = gate_up ? ex.w13_expert_bytes() : ex.w2_expert_bytes();
   p.w_row_bytes = fp4 ? k / 2 : k * 2;
   p.s_expert_bytes = gate_up ? ex.w13_scale_expert_bytes() : ex.w2_scale_expert_bytes();
-  p.s_row_bytes = k / 16;
   p.k = int(k);
   p.n = int(gate_up ? I : H);
   p.h = s.h;
