@@ -200,7 +200,7 @@ __global__ void dummy_scales_kernel(uint8_t* dst, int64_t bytes_per_expert, int6
                                                         in_matrix % groups_per_row, 16 * groups_per_row)
                              : b;
     dst[e * bytes_per_expert + to] =
-        dummy_byte(seed + uint64_t(6 * e + 2 * m + 1), uint64_t(b % bytes_per_matrix), lo, span);
+        dummy_byte(seed + uint64_t(6 * e + 2 * m + 1), uint64_t(in_matrix), lo, span);
   }
 }
 
