@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 
+#include "bench/event_timing.h"
 #include "bench/moe_baseline.h"
 #include "bench/read_probe.h"
 #include "ops/cuda/cuda_check.h"
@@ -98,21 +99,9 @@ std::unique_ptr<Graph> capture(cudaStream_t stream, F&& enqueue) {
 Stats time_graphs(cudaStream_t stream, const std::vector<std::unique_ptr<Graph>>& graphs, int iters) {
   for (int w = 0; w < 2; ++w)
     for (const auto& g : graphs) TETRA_CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
-  std::vector<cudaEvent_t> ev(size_t(2 * iters));
-  for (auto& e : ev) TETRA_CUDA_CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < iters; ++i) {
-    TETRA_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * i)], stream));
+  std::vector<double> us = time_runs_us(stream, iters, [&](int i) {
     TETRA_CUDA_CHECK(cudaGraphLaunch(graphs[size_t(i) % graphs.size()]->exec, stream));
-    TETRA_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * i + 1)], stream));
-  }
-  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<double> us;
-  for (int i = 0; i < iters; ++i) {
-    float ms = 0;
-    TETRA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]));
-    us.push_back(ms * 1e3);
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
+  });
   std::sort(us.begin(), us.end());
   return Stats{us[us.size() / 2], us.front(), us.back()};
 }

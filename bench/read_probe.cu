@@ -2,8 +2,10 @@
 #include "bench/read_probe.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
+#include "bench/event_timing.h"
 #include "ops/cuda/cuda_check.h"
 
 namespace tetra::bench {
@@ -52,42 +54,25 @@ ReadCeiling measure_read_ceiling(cudaStream_t stream, int sm_count, int64_t byte
   TETRA_CHECK(bytes >= (int64_t(64) << 20) && bytes % 16 == 0 && iters >= 1, "read probe: bad size or count");
   void* buf = nullptr;
   TETRA_CUDA_CHECK(cudaMalloc(&buf, size_t(bytes) + 16));
+  std::unique_ptr<void, cudaError_t (*)(void*)> owned(buf, &cudaFree);  // freed on a throw
+  fill_kernel<<<sm_count * 4, 256, 0, stream>>>(static_cast<uint32_t*>(buf), bytes / 4);
+  const auto* src = static_cast<const uint4*>(buf);
+  auto* sink = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(buf) + bytes);
+  const int64_t n_vec = bytes / 16;
+  const int blocks = sm_count * (2048 / kThreads);  // a full wave of resident threads
+  for (int w = 0; w < 2; ++w) read_kernel<<<blocks, kThreads, 0, stream>>>(src, n_vec, sink);
+  TETRA_CUDA_CHECK_LAUNCH("read probe");
+  const std::vector<double> us =
+      time_runs_us(stream, iters, [&](int) { read_kernel<<<blocks, kThreads, 0, stream>>>(src, n_vec, sink); });
+  std::vector<double> tbps;
+  for (double t : us) tbps.push_back(double(bytes) / (t * 1e-6) * 1e-12);
+  std::sort(tbps.begin(), tbps.end());
+  TETRA_CUDA_CHECK(cudaFree(owned.release()));
   ReadCeiling out;
   out.bytes = bytes;
-  std::vector<cudaEvent_t> ev(size_t(2 * iters));
-  try {
-    fill_kernel<<<sm_count * 4, 256, 0, stream>>>(static_cast<uint32_t*>(buf), bytes / 4);
-    const auto* src = static_cast<const uint4*>(buf);
-    auto* sink = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(buf) + bytes);
-    const int64_t n_vec = bytes / 16;
-    const int blocks = sm_count * (2048 / kThreads);  // a full wave of resident threads
-    for (int w = 0; w < 2; ++w) read_kernel<<<blocks, kThreads, 0, stream>>>(src, n_vec, sink);
-    TETRA_CUDA_CHECK_LAUNCH("read probe");
-    for (auto& e : ev) TETRA_CUDA_CHECK(cudaEventCreate(&e));
-    for (int r = 0; r < iters; ++r) {
-      TETRA_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r)], stream));
-      read_kernel<<<blocks, kThreads, 0, stream>>>(src, n_vec, sink);
-      TETRA_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * r + 1)], stream));
-    }
-    TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    std::vector<double> tbps;
-    for (int r = 0; r < iters; ++r) {
-      float ms = 0;
-      TETRA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[size_t(2 * r)], ev[size_t(2 * r + 1)]));
-      tbps.push_back(double(bytes) / (double(ms) * 1e-3) * 1e-12);
-    }
-    std::sort(tbps.begin(), tbps.end());
-    out.median_tbps = tbps[tbps.size() / 2];
-    out.min_tbps = tbps.front();
-    out.max_tbps = tbps.back();
-  } catch (...) {
-    for (auto& e : ev)
-      if (e) cudaEventDestroy(e);
-    cudaFree(buf);
-    throw;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  TETRA_CUDA_CHECK(cudaFree(buf));
+  out.median_tbps = tbps[tbps.size() / 2];
+  out.min_tbps = tbps.front();
+  out.max_tbps = tbps.back();
   return out;
 }
 
