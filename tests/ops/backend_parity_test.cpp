@@ -238,6 +238,9 @@ TEST_F(BackendParity, LinearEveryFormatAndShape) {
       {WeightFormat::Dense, DType::BF16, 1, 2048, 768, false, DType::BF16, "bf16 GEMV decode"},
       {WeightFormat::Dense, DType::BF16, 8, 4096, 2048, true, DType::BF16, "bf16 GEMV 8 tokens + bias"},
       {WeightFormat::Dense, DType::BF16, 3, 151, 4096, false, DType::F32, "bf16 GEMV -> f32, rows off the block"},
+      // GEMV rows shared by 4 and by 8 warps (n_in 7168 and 16,400: lanes off the last batch).
+      {WeightFormat::Dense, DType::BF16, 5, 67, 7168, true, DType::BF16, "bf16 GEMV 4 warps a row + bias"},
+      {WeightFormat::Dense, DType::BF16, 8, 33, 16400, false, DType::F32, "bf16 GEMV 8 warps a row -> f32"},
       {WeightFormat::Dense, DType::BF16, 9, 512, 2048, false, DType::BF16, "bf16 cuBLASLt 9 tokens"},
       {WeightFormat::Dense, DType::BF16, 300, 1024, 2048, true, DType::BF16, "bf16 cuBLASLt prefill + bias"},
       {WeightFormat::Dense, DType::BF16, 17, 11, 37, true, DType::BF16, "bf16 odd sizes"},
@@ -267,42 +270,46 @@ TEST_F(BackendParity, LinearEveryFormatAndShape) {
 
 TEST_F(BackendParity, FewTokenLinearIsTheSameInAnyBatchOfUpTo8) {
   // Decode graphs pad batches of up to 8 to the next captured size: a token's projection must
-  // not depend on the tokens beside it.
-  HostLinear h = host_linear(WeightFormat::Dense, DType::BF16, 1024, 2048, true);
-  const auto x = randn(8 * 2048);
-  const LinearWeight w = gpu->b->upload(h.view);
-  std::vector<float> alone;
-  for (int64_t t : {1, 3, 8}) {
-    const TensorView o = gpu->out({t, 1024}, DType::BF16);
-    gpu->b->linear(gpu->ctx, gpu->act(std::vector<float>(x.begin(), x.begin() + t * 2048), {t, 2048}), w, o);
-    const std::vector<float> all = gpu->read(o);
-    const std::vector<float> first(all.begin(), all.begin() + 1024);
-    if (t == 1) alone = first;
-    EXPECT_EQ(first, alone) << "token 0 of " << t;
+  // not depend on the tokens beside it, with one warp a row (n_in 2048) or several (7168).
+  for (const int64_t n_in : {2048, 7168}) {
+    HostLinear h = host_linear(WeightFormat::Dense, DType::BF16, 1024, n_in, true);
+    const auto x = randn(8 * n_in);
+    const LinearWeight w = gpu->b->upload(h.view);
+    std::vector<float> alone;
+    for (int64_t t : {1, 3, 8}) {
+      const TensorView o = gpu->out({t, 1024}, DType::BF16);
+      gpu->b->linear(gpu->ctx, gpu->act(std::vector<float>(x.begin(), x.begin() + t * n_in), {t, n_in}), w, o);
+      const std::vector<float> all = gpu->read(o);
+      const std::vector<float> first(all.begin(), all.begin() + 1024);
+      if (t == 1) alone = first;
+      EXPECT_EQ(first, alone) << "n_in " << n_in << ": token 0 of " << t;
+    }
   }
 }
 
 TEST_F(BackendParity, LinearsEqualTheirLinearsOneByOne) {
   // q, k and v in one call: each part bit for bit what linear gives it alone, in the one-launch
-  // form (up to 8 tokens) and the fallback (more).
-  HostLinear hq = host_linear(WeightFormat::Dense, DType::BF16, 512, 256, true);
-  HostLinear hk = host_linear(WeightFormat::Dense, DType::BF16, 64, 256, true);
-  HostLinear hv = host_linear(WeightFormat::Dense, DType::BF16, 72, 256, true);
-  for (int64_t t : {1, 5, 12}) {
-    const auto x = randn(t * 256);
-    for (Side* s : {cpu.get(), gpu.get()}) {
-      const LinearWeight wq = s->b->upload(hq.view), wk = s->b->upload(hk.view), wv = s->b->upload(hv.view);
-      const TensorView xv = s->act(x, {t, 256});
-      const TensorView q = s->out_act({t, 512}), k = s->out_act({t, 64}), v = s->out_act({t, 72});
-      const LinearPart parts[] = {{&wq, q}, {&wk, k}, {&wv, v}};
-      s->b->linears(s->ctx, xv, parts);
-      const TensorView q1 = s->out_act({t, 512}), k1 = s->out_act({t, 64}), v1 = s->out_act({t, 72});
-      s->b->linear(s->ctx, xv, wq, q1);
-      s->b->linear(s->ctx, xv, wk, k1);
-      s->b->linear(s->ctx, xv, wv, v1);
-      EXPECT_EQ(s->read(q), s->read(q1)) << s->b->name() << " T=" << t << " q";
-      EXPECT_EQ(s->read(k), s->read(k1)) << s->b->name() << " T=" << t << " k";
-      EXPECT_EQ(s->read(v), s->read(v1)) << s->b->name() << " T=" << t << " v";
+  // form (up to 8 tokens; at n_in 4096 two warps a row) and the fallback (more).
+  for (const int64_t n_in : {256, 4096}) {
+    HostLinear hq = host_linear(WeightFormat::Dense, DType::BF16, 512, n_in, true);
+    HostLinear hk = host_linear(WeightFormat::Dense, DType::BF16, 64, n_in, true);
+    HostLinear hv = host_linear(WeightFormat::Dense, DType::BF16, 72, n_in, true);
+    for (int64_t t : {1, 5, 12}) {
+      const auto x = randn(t * n_in);
+      for (Side* s : {cpu.get(), gpu.get()}) {
+        const LinearWeight wq = s->b->upload(hq.view), wk = s->b->upload(hk.view), wv = s->b->upload(hv.view);
+        const TensorView xv = s->act(x, {t, n_in});
+        const TensorView q = s->out_act({t, 512}), k = s->out_act({t, 64}), v = s->out_act({t, 72});
+        const LinearPart parts[] = {{&wq, q}, {&wk, k}, {&wv, v}};
+        s->b->linears(s->ctx, xv, parts);
+        const TensorView q1 = s->out_act({t, 512}), k1 = s->out_act({t, 64}), v1 = s->out_act({t, 72});
+        s->b->linear(s->ctx, xv, wq, q1);
+        s->b->linear(s->ctx, xv, wk, k1);
+        s->b->linear(s->ctx, xv, wv, v1);
+        EXPECT_EQ(s->read(q), s->read(q1)) << s->b->name() << " T=" << t << " q";
+        EXPECT_EQ(s->read(k), s->read(k1)) << s->b->name() << " T=" << t << " k";
+        EXPECT_EQ(s->read(v), s->read(v1)) << s->b->name() << " T=" << t << " v";
+      }
     }
   }
 }

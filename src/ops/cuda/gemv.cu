@@ -9,7 +9,7 @@
 namespace tetra::ops::cuda {
 namespace {
 
-constexpr int kWarps = 8;  // a block: 8 warps, one output row each
+constexpr int kWarps = 8;  // a block: 8 warps, split_for(n_in) of them a row
 
 __device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -36,49 +36,98 @@ struct Parts {
   int64_t rows;
 };
 
-// Warp `r` streams weight row r in 16-byte chunks (lane j takes chunks j, j + 32, ...), dots
-// each with the same chunk of every token's x, and sums its lanes in a fixed tree.
-template <int kTokens>
+// Weight chunks a lane loads before it computes: 8 x 16 bytes, a 4 KB batch a warp.
+constexpr int kBatch = 8;
+
+// Warps per output row: enough that a lane's share of K fits one batch (n_in 2048: 1 warp;
+// 4096: 2; 6144 or 7168: 4), so a row costs one DRAM round trip, at most 8. It depends on n_in
+// alone, never on T or the parts of a launch, so each output keeps one summation order.
+int split_for(int64_t n_in) {
+  const int64_t chunks = n_in / 8, per_warp = int64_t(32) * kBatch;
+  int split = 1;
+  while (split < kWarps && chunks > split * per_warp) split *= 2;
+  return split;
+}
+
+// `kSplit` warps share row r: warp s of them streams its 16-byte chunks s * 32 + lane +
+// 32 * kSplit * i (a warp's loads of one step are 512 contiguous bytes), dots each with the
+// same chunk of every token's x, and sums its lanes in a fixed tree; the row's first warp adds
+// the warps' sums in warp order.
+template <int kTokens, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Parts parts, const uint16_t* __restrict__ x,
                                                          DType odt, int64_t n_in) {
+  constexpr int kRowsPerBlock = kWarps / kSplit;
+  __shared__ float partial[kSplit > 1 ? kWarps : 1][kTokens];
   pdl_wait();
   pdl_launch_dependents();
-  const int lane = threadIdx.x % 32;
-  const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (r >= parts.rows) return;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, s = warp % kSplit;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + warp / kSplit;
+  const bool active = r < parts.rows;  // no early exit: the block meets at a barrier below
   int k = 0;
   while (k + 1 < parts.n && r >= parts.p[k + 1].row0) ++k;
   const Part& part = parts.p[k];
   const int64_t n = r - part.row0;
-  const int64_t chunks = n_in / 8;
+  const int64_t chunks = active ? n_in / 8 : 0, step = 32 * kSplit;
   const uint4* wrow = reinterpret_cast<const uint4*>(part.w + n * n_in);
   float acc[kTokens] = {};
-#pragma unroll 4
-  for (int64_t c = lane; c < chunks; c += 32) {
-    float wf[8];
-    bf16x8_to_float(__ldg(wrow + c), wf);
+  for (int64_t base = s * 32 + lane; base < chunks; base += step * kBatch) {
+    uint4 w[kBatch];
 #pragma unroll
-    for (int t = 0; t < kTokens; ++t) {
-      float xf[8];
-      bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + t * n_in) + c), xf);
+    for (int i = 0; i < kBatch; ++i)
+      if (base + i * step < chunks) w[i] = __ldg(wrow + base + i * step);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[t] = fmaf(wf[i], xf[i], acc[t]);
+    for (int i = 0; i < kBatch; ++i) {
+      const int64_t c = base + i * step;
+      if (c >= chunks) break;
+      float wf[8];
+      bf16x8_to_float(w[i], wf);
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        float xf[8];
+        bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + t * n_in) + c), xf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[t] = fmaf(wf[j], xf[j], acc[t]);
+      }
     }
   }
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+  if constexpr (kSplit > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) partial[warp][t] = acc[t];
+    __syncthreads();
+    if (s != 0) return;
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      acc[t] = partial[warp][t];
+#pragma unroll
+      for (int i = 1; i < kSplit; ++i) acc[t] += partial[warp + i][t];
+    }
+  }
+  if (!active || lane != 0) return;
   const float b = part.bias ? load_float(part.bias, n, part.bdt) : 0.0f;
 #pragma unroll
-  for (int t = 0; t < kTokens; ++t) {
-    float s = acc[t];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) store_float(part.out, t * part.n_out + n, odt, s + b);
-  }
+  for (int t = 0; t < kTokens; ++t) store_float(part.out, t * part.n_out + n, odt, acc[t] + b);
+}
+
+template <int kTokens, int kSplit>
+void launch_split(const KernelLaunch& launch, const Parts& parts, TensorView x, DType odt, int64_t n_in) {
+  constexpr int kRowsPerBlock = kWarps / kSplit;
+  launch_kernel(launch, gemv_kernel<kTokens, kSplit>, unsigned((parts.rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                kWarps * 32, 0, parts, x.as<const uint16_t>(), odt, n_in);
 }
 
 template <int kTokens>
 void launch_gemv(const KernelLaunch& launch, const Parts& parts, TensorView x, DType odt, int64_t n_in) {
-  launch_kernel(launch, gemv_kernel<kTokens>, unsigned((parts.rows + kWarps - 1) / kWarps), kWarps * 32, 0, parts,
-                x.as<const uint16_t>(), odt, n_in);
+  switch (split_for(n_in)) {
+    case 1: return launch_split<kTokens, 1>(launch, parts, x, odt, n_in);
+    case 2: return launch_split<kTokens, 2>(launch, parts, x, odt, n_in);
+    case 4: return launch_split<kTokens, 4>(launch, parts, x, odt, n_in);
+    default: return launch_split<kTokens, 8>(launch, parts, x, odt, n_in);
+  }
 }
 
 // Whether one linear of x qualifies (see gemv.h).
@@ -101,7 +150,7 @@ bool run(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> p
                           p.out.data, w.n_out, table.rows};
     table.rows += w.n_out;
   }
-  if ((table.rows + kWarps - 1) / kWarps > INT32_MAX) return false;
+  if (table.rows > INT32_MAX) return false;  // blocks of one row at the most
   const DType odt = parts[0].out.dtype;
   switch (x.numel() / w0.n_in) {
     case 1: launch_gemv<1>(launch, table, x, odt, w0.n_in); break;
