@@ -82,7 +82,8 @@ void run_ffn(ops::Backend& backend, const ops::Context& ctx, const FfnLayer& ffn
   TensorView ids = arena.alloc(DType::I32, {n_tokens, k});
   TensorView weights = arena.alloc(DType::F32, {n_tokens, k});
   backend.linear(ctx, x, ffn.router, logits);
-  backend.routed_moe(ctx, x, logits, ffn.routing, ids, weights, *ffn.experts, out);
+  backend.route(ctx, logits, ffn.routing, ids, weights);
+  backend.moe_experts(ctx, x, ids, weights, *ffn.experts, out);
   if (ffn.partial) all_reduce(ctx, out);
 }
 

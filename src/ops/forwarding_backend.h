@@ -112,8 +112,6 @@ class ForwardingBackend : public Backend {
              TensorView weights) override {
     in_.route(c, logits, spec, ids, weights);
   }
-  // routed_moe is not handed on: Backend's own runs this wrapper's route and moe_experts, which
-  // a wrapper that watches them (calibration) overrides. A wrapper may hand it on itself.
   void moe_experts(const Context& c, TensorView x, TensorView ids, TensorView weights, const MoeExperts& experts,
                    TensorView out) override {
     in_.moe_experts(c, x, ids, weights, experts, out);

@@ -391,13 +391,6 @@ class Backend {
   // experts were prepared with a shared expert), over the ids `experts` holds (first_expert).
   virtual void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
                            const MoeExperts& experts, TensorView out) = 0;
-  // route, then moe_experts, as one op, so a backend may fuse them (CUDA's decode kernel routes
-  // a few tokens itself). ids and weights are written as route writes them.
-  virtual void routed_moe(const Context& ctx, TensorView x, TensorView logits, const RoutingSpec& spec,
-                          TensorView ids, TensorView weights, const MoeExperts& experts, TensorView out) {
-    route(ctx, logits, spec, ids, weights);
-    moe_experts(ctx, x, ids, weights, experts, out);
-  }
   // out [R, D] = x[rows[r]] for rows I32 [R].
   virtual void gather_rows(const Context& ctx, TensorView x, TensorView rows, TensorView out) = 0;
   // One token per row of logits F32 [R, V]: rows U8 [R * sizeof(SamplingRow)] (SamplingRow

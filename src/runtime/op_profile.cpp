@@ -131,11 +131,6 @@ void ProfilingBackend::moe_experts(const ops::Context& c, TensorView x, TensorVi
                                    const ops::MoeExperts& experts, TensorView out) {
   timed("moe_experts", OpClass::Moe, [&] { inner().moe_experts(c, x, ids, weights, experts, out); });
 }
-void ProfilingBackend::routed_moe(const ops::Context& c, TensorView x, TensorView logits, const ops::RoutingSpec& spec,
-                                  TensorView ids, TensorView weights, const ops::MoeExperts& experts,
-                                  TensorView out) {
-  timed("routed_moe", OpClass::Moe, [&] { inner().routed_moe(c, x, logits, spec, ids, weights, experts, out); });
-}
 void ProfilingBackend::gather_rows(const ops::Context& c, TensorView x, TensorView rows, TensorView out) {
   timed("gather_rows", OpClass::Elementwise, [&] { inner().gather_rows(c, x, rows, out); });
 }

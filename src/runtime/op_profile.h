@@ -68,8 +68,6 @@ class ProfilingBackend final : public ops::ForwardingBackend {
              TensorView weights) override;
   void moe_experts(const ops::Context& c, TensorView x, TensorView ids, TensorView weights,
                    const ops::MoeExperts& experts, TensorView out) override;
-  void routed_moe(const ops::Context& c, TensorView x, TensorView logits, const ops::RoutingSpec& spec,
-                  TensorView ids, TensorView weights, const ops::MoeExperts& experts, TensorView out) override;
   void gather_rows(const ops::Context& c, TensorView x, TensorView rows, TensorView out) override;
   void sample(const ops::Context& c, TensorView logits, TensorView rows, TensorView ids, TensorView counts,
               TensorView out) override;

@@ -302,8 +302,6 @@ class CudaBackend final : public Backend {
   }
   void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights, const MoeExperts& experts,
                    TensorView out) override;
-  void routed_moe(const Context& ctx, TensorView x, TensorView logits, const RoutingSpec& spec, TensorView ids,
-                  TensorView weights, const MoeExperts& experts, TensorView out) override;
   void gather_rows(const Context& ctx, TensorView x, TensorView rows, TensorView out) override {
     cuda::gather_rows(kernel_launch(ctx), x, rows, out);
   }
@@ -320,10 +318,6 @@ class CudaBackend final : public Backend {
     TETRA_CHECK(l, "moe: experts were not prepared by the CUDA backend");
     return *l;
   }
-  // ctx with the MoE kernels' workspace for T tokens carved from the step's arena.
-  static Context moe_context(const Context& ctx, const LayerExperts& le, int64_t n_tokens, int top_k);
-  // out += a shared expert of another width than the routed ones, if the layer has one.
-  void add_separate_shared(const Context& ctx, const LayerExperts& le, TensorView x, TensorView out);
 
   int device_;
   DType kv_dtype_;
@@ -454,39 +448,24 @@ void CudaBackend::dsa_select(const Context& ctx, TensorView q, TensorView weight
 void CudaBackend::moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
                               const MoeExperts& experts, TensorView out) {
   const LayerExperts& le = layer_experts(experts);
-  cuda::moe_experts(moe_context(ctx, le, x.dim(0), int(ids.dim(1))), x, ids, weights, le.routed(), out);
-  add_separate_shared(ctx, le, x, out);
-}
-
-void CudaBackend::routed_moe(const Context& ctx, TensorView x, TensorView logits, const RoutingSpec& spec,
-                             TensorView ids, TensorView weights, const MoeExperts& experts, TensorView out) {
-  const LayerExperts& le = layer_experts(experts);
-  cuda::routed_moe(moe_context(ctx, le, x.dim(0), spec.top_k), x, logits, spec, ids, weights, le.routed(), out);
-  add_separate_shared(ctx, le, x, out);
-}
-
-Context CudaBackend::moe_context(const Context& ctx, const LayerExperts& le, int64_t n_tokens, int top_k) {
+  const int64_t T = x.dim(0);
   Context c = ctx;
-  const int64_t ws = moe_workspace_bytes(le.routed(), n_tokens, top_k);
+  const int64_t ws = moe_workspace_bytes(le.routed(), T, int(ids.dim(1)));
   const TensorView w = scratch(ctx, ws, "moe_experts");
   c.workspace = Workspace{w.data, w.nbytes()};
-  return c;
-}
-
-void CudaBackend::add_separate_shared(const Context& ctx, const LayerExperts& le, TensorView x, TensorView out) {
-  const MlpWeights* sh = le.separate_shared();
-  if (!sh) return;
-  // down(silu(gate x) * up x), added after the routed sum.
-  const int64_t T = x.dim(0);
-  Arena& arena = *ctx.arena;
-  const TensorView g = arena.alloc(DType::BF16, {T, sh->gate.n_out});
-  const TensorView u = arena.alloc(DType::BF16, {T, sh->up.n_out});
-  const TensorView d = arena.alloc(DType::BF16, {T, sh->down.n_out});
-  linear(ctx, x, sh->gate, g);
-  linear(ctx, x, sh->up, u);
-  silu_mul(ctx, g, u, g);
-  linear(ctx, g, sh->down, d);
-  add(ctx, out, d, out);
+  cuda::moe_experts(c, x, ids, weights, le.routed(), out);
+  if (const MlpWeights* sh = le.separate_shared()) {
+    // A shared expert of another width: down(silu(gate x) * up x), added after the routed sum.
+    Arena& arena = *ctx.arena;
+    const TensorView g = arena.alloc(DType::BF16, {T, sh->gate.n_out});
+    const TensorView u = arena.alloc(DType::BF16, {T, sh->up.n_out});
+    const TensorView d = arena.alloc(DType::BF16, {T, sh->down.n_out});
+    linear(ctx, x, sh->gate, g);
+    linear(ctx, x, sh->up, u);
+    silu_mul(ctx, g, u, g);
+    linear(ctx, g, sh->down, d);
+    add(ctx, out, d, out);
+  }
 }
 
 void CudaBackend::sample(const Context& ctx, TensorView logits, TensorView rows, TensorView penalty_ids,

@@ -80,10 +80,8 @@ int64_t moe_workspace_bytes(const MoeExperts& experts, int64_t n_tokens, int top
 
 bool moe_fast_path(const MoeExperts& experts) { return as_cuda(experts).fast; }
 
-namespace {
-
-// The checks route and routed_moe share; the routing the kernels take.
-RouteArgs check_route_call(TensorView logits, const RoutingSpec& spec, TensorView ids, TensorView weights) {
+void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
+           TensorView weights) {
   TETRA_CHECK(logits.shape.rank == 2, "moe route: logits must be [T, E]");
   const int64_t T = logits.dim(0), E = logits.dim(1);
   check_view(logits, DType::F32, T, E, "router logits");
@@ -96,15 +94,8 @@ RouteArgs check_route_call(TensorView logits, const RoutingSpec& spec, TensorVie
                 "moe route: the correction bias must be F32 [E] on the CUDA device");
     bias = spec.correction_bias.as<const float>();
   }
-  return route_args(logits.as<const float>(), int(E), spec, bias);
-}
-
-}  // namespace
-
-void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
-           TensorView weights) {
-  const RouteArgs r = check_route_call(logits, spec, ids, weights);
-  launch_route(kernel_launch(ctx), r, int(logits.dim(0)), ids.as<int>(), weights.as<float>());
+  launch_route(kernel_launch(ctx), logits.as<const float>(), int(T), int(E),
+               spec, bias, ids.as<int>(), weights.as<float>());
 }
 
 namespace {
@@ -136,7 +127,7 @@ void enqueue_layer(const KernelLaunch& launch, const CudaMoeExperts& ex, TensorV
   const int64_t T = x.dim(0);
   const int top_k = int(ids.dim(1));
   if (config.fused)
-    return launch_moe_decode(launch, ex, x.as<const uint16_t>(), nullptr, ids.as<int>(), weights.as<float>(),
+    return launch_moe_decode(launch, ex, x.as<const uint16_t>(), ids.as<const int>(), weights.as<const float>(),
                              int(T), top_k, s, out.as<uint16_t>());
   const int tile_tokens = config.tile_tokens;
   launch_permute(launch, ids.as<const int>(), int(T), top_k, ex.shape.n_experts,
@@ -234,22 +225,6 @@ int64_t check_moe_call(const Context& ctx, TensorView x, TensorView ids, TensorV
   return T;
 }
 
-// The configuration a fast-path call runs: `config`, or the tuner's or heuristic's pick when its
-// tile_tokens is 0; checked against what the kernels take.
-MoeConfig resolve_config(const Context& ctx, const CudaMoeExperts& ex, int64_t T, int top_k, MoeConfig config) {
-  if (config.tile_tokens == 0) config = pick_moe_config(ctx, ex, T, top_k);
-  const std::span<const int> tiles = moe_tile_choices(ex.format);
-  TETRA_CHECK(std::find(tiles.begin(), tiles.end(), config.tile_tokens) != tiles.end(), "moe: tile_tokens ",
-              config.tile_tokens, " is not one the kernels take for ",
-              ex.format == WeightFormat::Nvfp4 ? "NVFP4" : "BF16", " experts");
-  TETRA_CHECK(!config.fused || (config.tile_tokens == 8 && moe_decode_takes(ex, T, top_k)),
-              "moe: the fused decode kernel takes NVFP4 experts with hidden and intermediate sizes that are ",
-              "multiples of 256 and at most ", kMoeDecodeMaxTokens, " tokens (", kMoeDecodeMaxRows,
-              " token-expert rows), in items of 8 tokens; not H ", ex.shape.hidden, ", I ", ex.shape.intermediate,
-              ", T ", T, ", top-k ", top_k, ", tile_tokens ", config.tile_tokens);
-  return config;
-}
-
 }  // namespace
 
 MoeConfig tune_moe(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
@@ -275,28 +250,18 @@ void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView we
                        top_k, ctx.workspace.data, out.as<uint16_t>());
     return;
   }
-  config = resolve_config(ctx, ex, T, top_k, config);
+  if (config.tile_tokens == 0) config = pick_moe_config(ctx, experts, T, top_k);
+  const std::span<const int> tiles = moe_tile_choices(ex.format);
+  TETRA_CHECK(std::find(tiles.begin(), tiles.end(), config.tile_tokens) != tiles.end(), "moe: tile_tokens ",
+              config.tile_tokens, " is not one the kernels take for ",
+              ex.format == WeightFormat::Nvfp4 ? "NVFP4" : "BF16", " experts");
+  TETRA_CHECK(!config.fused || (config.tile_tokens == 8 && moe_decode_takes(ex, T, top_k)),
+              "moe: the fused decode kernel takes NVFP4 experts with hidden and intermediate sizes that are ",
+              "multiples of 256 and at most ", kMoeDecodeMaxTokens, " tokens (", kMoeDecodeMaxRows,
+              " token-expert rows), in items of 8 tokens; not H ", ex.shape.hidden, ", I ", ex.shape.intermediate,
+              ", T ", T, ", top-k ", top_k, ", tile_tokens ", config.tile_tokens);
   const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, top_k, config.tile_tokens);
   enqueue_layer(kernel_launch(ctx), ex, x, ids, weights, out, s, config);
-}
-
-void routed_moe(const Context& ctx, TensorView x, TensorView logits, const RoutingSpec& spec, TensorView ids,
-                TensorView weights, const MoeExperts& experts, TensorView out, MoeConfig config) {
-  const auto& ex = as_cuda(experts);
-  const RouteArgs route = check_route_call(logits, spec, ids, weights);
-  const int64_t T = check_moe_call(ctx, x, ids, weights, ex, out);
-  if (T == 0) return;
-  if (ex.fast) {
-    config = resolve_config(ctx, ex, T, spec.top_k, config);
-    if (config.fused && moe_decode_routes(ex, T, route)) {
-      const MoeScratch s = moe_scratch_carve(ex, ctx.workspace.data, T, spec.top_k, config.tile_tokens);
-      launch_moe_decode(kernel_launch(ctx), ex, x.as<const uint16_t>(), &route, ids.as<int>(), weights.as<float>(),
-                        int(T), spec.top_k, s, out.as<uint16_t>());
-      return;
-    }
-  }
-  launch_route(kernel_launch(ctx), route, int(T), ids.as<int>(), weights.as<float>());
-  moe_experts(ctx, x, ids, weights, experts, out, config);
 }
 
 }  // namespace tetra::ops::cuda

@@ -79,12 +79,6 @@ int64_t moe_workspace_bytes(const MoeExperts& experts, int64_t n_tokens, int top
 void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,
                  const MoeExperts& experts, TensorView out, MoeConfig config = {});
 
-// route, then moe_experts, in one call: ids and weights are written as route writes them. Where
-// the configuration is the fused decode kernel and the step is small enough (moe_decode_routes:
-// at most 8 tokens, 384 experts), that kernel routes too, and the route launch goes.
-void routed_moe(const Context& ctx, TensorView x, TensorView logits, const RoutingSpec& spec, TensorView ids,
-                TensorView weights, const MoeExperts& experts, TensorView out, MoeConfig config = {});
-
 // The configuration moe_experts picks for T tokens (config.tile_tokens = 0): the tuner's
 // choice for this GPU, shape and token bucket if it has one, else the heuristic. moe_experts
 // never tunes: tune_moe does, at warm-up.

@@ -105,27 +105,10 @@ int64_t moe_scratch_bytes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k,
 MoeScratch moe_scratch_carve(const CudaMoeExperts& ex, void* base, int64_t n_tokens, int top_k,
                              int tile_tokens);
 
-// A routing as the kernels compute it (FORMATS.md §2.2, moe_route.cuh): every token's router
-// logits and the spec, checked and packed by route_args.
-struct RouteArgs {
-  const float* logits = nullptr;  // F32 [T, E]
-  const float* bias = nullptr;    // sigmoid only, may be null: the correction bias, for selection
-  int n_experts = 0, top_k = 0;
-  int n_group = 1, topk_group = 1;  // sigmoid only: keep the best topk_group of n_group groups
-  bool sigmoid = false, norm = false;
-  float scaling = 1.0f;
-};
-
-// Routing bounds: a token's E scores sit in shared memory, its top-k weights in one warp's lanes.
-inline constexpr int kRouteMaxExperts = 1024;
-inline constexpr int kRouteMaxTopK = 32;
-
-// Checks what the routing kernels take (E, top-k, groups) and packs it; throws otherwise.
-RouteArgs route_args(const float* logits, int n_experts, const RoutingSpec& spec, const float* bias);
-
 // ---- launchers (sm90_moe_route.cu). The launchers that take a KernelLaunch launch kernels
 // that pdl_wait first (launch.cuh), so they may run with PDL. ----
-void launch_route(const KernelLaunch& launch, const RouteArgs& route, int n_tokens, int* ids, float* weights);
+void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens, int n_experts,
+                  const RoutingSpec& spec, const float* bias, int* ids, float* weights);
 void launch_permute(const KernelLaunch& launch, const int* ids, int n_tokens, int top_k, int n_experts,
                     bool shared, int tile_tokens, const MoeScratch& s);
 void launch_combine(const KernelLaunch& launch, const float* y, const int* pos, const float* weights,
@@ -167,16 +150,9 @@ void launch_down(const KernelLaunch& launch, const CudaMoeExperts& ex, const Moe
 // ---- the fused decode kernel (sm90_moe_decode.cu): grouping, gate/up, down and combine in
 // one launch, for a few tokens ----
 bool moe_decode_takes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k);
-// Whether the kernel also routes: every block computes the step's top-k from the router logits
-// itself (a warp a token), which costs less than a route launch for a few tokens only.
-inline constexpr int kMoeDecodeRouteMaxTokens = 8;
-inline constexpr int kMoeDecodeRouteMaxExperts = 384;  // the scores share the grouping's scratch
-bool moe_decode_routes(const CudaMoeExperts& ex, int64_t n_tokens, const RouteArgs& route);
-// s: a scratch carved for tile 8 (only its h and y are used). With `route` (moe_decode_routes)
-// the kernel routes and writes ids and weights; without it, it reads them.
-void launch_moe_decode(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x,
-                       const RouteArgs* route, int* ids, float* weights, int n_tokens, int top_k,
-                       const MoeScratch& s, uint16_t* out);
+// s: a scratch carved for tile 8 (only its h and y are used).
+void launch_moe_decode(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x, const int* ids,
+                       const float* weights, int n_tokens, int top_k, const MoeScratch& s, uint16_t* out);
 
 // ---- launchers (sm90_moe_wgmma.cu) ----
 void launch_gate_up_wgmma(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x,

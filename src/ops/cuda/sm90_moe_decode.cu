@@ -34,7 +34,6 @@
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe_grouping.cuh"
 #include "ops/cuda/moe_internal.h"
-#include "ops/cuda/moe_route.cuh"
 #include "ops/cuda/sm90_moe_stream.cuh"
 
 namespace tetra::ops::cuda {
@@ -57,23 +56,20 @@ struct DecodeItem {
 };
 
 struct DecodeParams {
-  const uint16_t* x;  // bf16 [T, H]
-  RouteArgs route;    // when routes: the router logits and the spec
-  int* ids;           // [T, k]: read, or written by block 0 when routes
-  float* weights;     // [T, k]: likewise
-  uint16_t* out;      // bf16 [T, H]
+  const uint16_t* x;     // bf16 [T, H]
+  const int* ids;        // [T, k]
+  const float* weights;  // [T, k]
+  uint16_t* out;         // bf16 [T, H]
   MoeGemmParams gate_up, down;  // their item fields unused: the items are the block's own
   const float* global_scale;    // [E', 3]
   uint16_t* h;  // bf16 [R, I]: silu(gate) * up, grouped rows
   float* y;     // f32 [R, H]: down projection, grouped rows
   MoeDecodeControl ctl;
   int n_tokens, top_k, n_experts, hidden, inter;
-  bool shared, routes;
+  bool shared;
 };
 
 struct DecodeShared {
-  int ids[kMoeDecodeMaxRows];        // the step's routing, [T, k]: every block holds it
-  float weights[kMoeDecodeMaxRows];
   DecodeItem items[kMoeDecodeMaxItems];
   int row_token[kMoeDecodeMaxRows];  // token of each grouped row
   int pos[kMoeDecodeMaxRows];        // grouped row of each (token, slot)
@@ -81,36 +77,14 @@ struct DecodeShared {
   int next_unit;
 };
 
-// Only while routing (each warp's scores) and then grouping (counting-sort arrays).
+// Only while grouping: counting-sort arrays.
 struct GroupScratch {
   int cnt[kMaxStored], off[kMaxStored], item_off[kMaxStored];
 };
-union PrologueScratch {
-  float route[kWarps][2 * kMoeDecodeRouteMaxExperts];
-  GroupScratch group;
-};
-static_assert(sizeof(PrologueScratch) == sizeof(GroupScratch), "routing fits in the grouping's scratch");
 
-// The step's routing into shared memory: computed from the logits (a warp a token, the same
-// bits in every block as in route_kernel), or read. Block 0 writes what it computed out.
-__device__ void load_routing(const DecodeParams& p, DecodeShared& sm, PrologueScratch& scratch) {
-  const int n = p.n_tokens * p.top_k;
-  if (!p.routes) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) sm.ids[i] = p.ids[i], sm.weights[i] = p.weights[i];
-    return;
-  }
-  const int warp = threadIdx.x >> 5;
-  for (int t = warp; t < p.n_tokens; t += kWarps)
-    moe_route::route_token(p.route, t, scratch.route[warp], scratch.route[warp] + p.route.n_experts,
-                           sm.ids + t * p.top_k, sm.weights + t * p.top_k);
-  __syncthreads();
-  if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < n; i += blockDim.x) p.ids[i] = sm.ids[i], p.weights[i] = sm.weights[i];
-}
-
-__device__ __forceinline__ int stored_expert(const DecodeParams& p, const DecodeShared& sm, int r, int kk) {
+__device__ __forceinline__ int stored_expert(const DecodeParams& p, int r, int kk) {
   const int t = r / kk, j = r - t * kk;
-  int e = j < p.top_k ? sm.ids[t * p.top_k + j] : p.n_experts;
+  int e = j < p.top_k ? p.ids[int64_t(t) * p.top_k + j] : p.n_experts;
   if (unsigned(e) >= unsigned(p.n_experts + (p.shared ? 1 : 0))) e = 0;  // bad ids must not corrupt memory
   return e;
 }
@@ -125,7 +99,7 @@ __device__ void group_rows(const DecodeParams& p, DecodeShared& sm, GroupScratch
   __syncwarp();
   for (int base = 0; base < n_rows; base += 32) {
     const int r = base + lane;
-    const int e = r < n_rows ? stored_expert(p, sm, r, kk) : -1;
+    const int e = r < n_rows ? stored_expert(p, r, kk) : -1;
     const unsigned same = __match_any_sync(0xffffffffu, e);
     const int before = __popc(same & ((1u << lane) - 1u));
     const int c = e >= 0 ? g.cnt[e] : 0;
@@ -143,7 +117,7 @@ __device__ void group_rows(const DecodeParams& p, DecodeShared& sm, GroupScratch
     for (int q = 0; q * kItemTokens < g.cnt[e]; ++q)
       sm.items[g.item_off[e] + q] = DecodeItem{e, g.off[e] + q * kItemTokens, min(kItemTokens, g.cnt[e] - q * kItemTokens)};
   for (int i = lane; i < n_rows; i += 32) {
-    const int row = g.off[stored_expert(p, sm, i, kk)] + sm.pos[i];
+    const int row = g.off[stored_expert(p, i, kk)] + sm.pos[i];
     sm.pos[i] = row;
     sm.row_token[row] = i / kk;
   }
@@ -170,7 +144,7 @@ __device__ void combine_tile(const DecodeParams& p, const DecodeShared& sm, int 
     float acc = 0.0f;
 #pragma unroll 3
     for (int j = 0; j < kk; ++j) {
-      const float wj = j < p.top_k ? sm.weights[t * p.top_k + j] : 1.0f;
+      const float wj = j < p.top_k ? p.weights[int64_t(t) * p.top_k + j] : 1.0f;
       acc += wj * __ldcg(p.y + int64_t(sm.pos[t * kk + j]) * p.hidden + col);
     }
     __nv_bfloat16 o = __float2bfloat16_rn(acc);
@@ -251,15 +225,13 @@ __device__ void down_unit(const DecodeParams& p, const DecodeShared& sm, int ite
 
 __global__ void __launch_bounds__(kWarps * 32, min_blocks(1)) moe_decode_kernel(DecodeParams p) {
   __shared__ DecodeShared sm;
-  __shared__ PrologueScratch scratch;
-  // With PDL the router may still run: wait for its logits or ids. Blocks of the next kernel
-  // may start early once every block here has started; these blocks never wait for one that
-  // has not (units are taken in order), so they cannot be starved by them.
+  __shared__ GroupScratch group;
+  // With PDL the router may still run: wait for its ids. Blocks of the next kernel may start
+  // early once every block here has started; these blocks never wait for one that has not
+  // (units are taken in order), so they cannot be starved by them.
   pdl_wait();
   pdl_launch_dependents();
-  load_routing(p, sm, scratch);
-  __syncthreads();
-  if (threadIdx.x < 32) group_rows(p, sm, scratch.group);
+  if (threadIdx.x < 32) group_rows(p, sm, group);
   if (threadIdx.x == 0) sm.next_unit = atomicAdd(p.ctl.next_unit, 1);
   __syncthreads();
   const int n_gate_up = sm.n_items * (p.inter / 16);
@@ -299,23 +271,12 @@ bool moe_decode_takes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k) {
          rows <= kMoeDecodeMaxRows && ex.n_stored() <= kMaxStored;
 }
 
-bool moe_decode_routes(const CudaMoeExperts& ex, int64_t n_tokens, const RouteArgs& route) {
-  return moe_decode_takes(ex, n_tokens, route.top_k) && n_tokens <= kMoeDecodeRouteMaxTokens &&
-         route.n_experts == ex.shape.n_experts && route.n_experts <= kMoeDecodeRouteMaxExperts;
-}
-
-void launch_moe_decode(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x,
-                       const RouteArgs* route, int* ids, float* weights, int n_tokens, int top_k,
-                       const MoeScratch& s, uint16_t* out) {
+void launch_moe_decode(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* x, const int* ids,
+                       const float* weights, int n_tokens, int top_k, const MoeScratch& s, uint16_t* out) {
   TETRA_CHECK(moe_decode_takes(ex, n_tokens, top_k), "moe: the fused decode kernel does not take this call (",
               n_tokens, " tokens, top-k ", top_k, "): moe_experts checks moe_decode_takes first");
-  TETRA_CHECK(!route || (route->top_k == top_k && moe_decode_routes(ex, n_tokens, *route)),
-              "moe: the fused decode kernel does not route this call (", n_tokens, " tokens, ",
-              route ? route->n_experts : 0, " experts): routed_moe checks moe_decode_routes first");
   DecodeParams p{};
   p.x = x;
-  if (route) p.route = *route;
-  p.routes = route != nullptr;
   p.ids = ids;
   p.weights = weights;
   p.out = out;

@@ -16,7 +16,6 @@
 
 #include "core/dtype.h"
 #include "ops/cuda/moe.h"
-#include "ops/cuda/moe_internal.h"
 #include "ops/cuda/moe_tune.h"
 #include "cuda_test_util.h"
 
@@ -454,123 +453,6 @@ TEST(MoeCudaVsCpu, RouteAndExpertsMatchTheCpuBackend) {
   }
   EXPECT_LT(std::sqrt(e2 / r2), 1e-2);
 }
-
-// ---- routed_moe: route and experts in one call ----
-
-// routed_moe against route + moe_experts under the same configuration: ids, weights and the
-// output the same bits. With the fused decode kernel and at most 8 tokens and 384 experts the
-// kernel routes itself (every block, a warp a token, block 0 writing ids and weights out);
-// past either bound routed_moe falls back to the route kernel.
-struct RoutedCase {
-  const char* name;
-  Scoring scoring;
-  int E, k, T, n_group, topk_group;
-  bool shared;
-  MoeConfig config;
-  bool kernel_routes;  // whether the fused kernel is expected to route this call
-};
-
-void PrintTo(const RoutedCase& c, std::ostream* os) { *os << c.name; }
-
-class MoeRoutedTest : public testing::TestWithParam<RoutedCase> {};
-
-TEST_P(MoeRoutedTest, EqualsRouteThenExperts) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const RoutedCase c = GetParam();
-  const int64_t H = 512, I = 256;
-  Context ctx;
-  const MoeShape shape{H, I, c.E, c.shared};
-  auto experts = random_experts(ctx, shape, WeightFormat::Nvfp4, 41 + c.E);
-  const auto& ex = dynamic_cast<const CudaMoeExperts&>(*experts);
-
-  std::mt19937 rng(5 + c.T);
-  std::normal_distribution<float> nd(0.0f, 2.0f);
-  std::vector<float> logits(size_t(c.T * c.E)), bias(size_t(c.E));
-  for (auto& v : logits) v = nd(rng);
-  for (auto& v : bias) v = 0.1f * nd(rng);
-  std::vector<uint16_t> x(size_t(c.T * H));
-  for (auto& v : x) v = f32_to_bf16(0.5f * nd(rng));
-  RoutingSpec spec;
-  spec.scoring = c.scoring;
-  spec.top_k = c.k;
-  spec.norm_topk_prob = true;
-  spec.routed_scaling_factor = c.scoring == Scoring::Sigmoid ? 2.5f : 1.0f;
-  spec.n_group = c.n_group;
-  spec.topk_group = c.topk_group;
-
-  DevBuf dl(logits.size() * 4), db(bias.size() * 4), dx(x.size() * 2), dout(x.size() * 2),
-      dids(size_t(c.T * c.k) * 4), dw(size_t(c.T * c.k) * 4);
-  CK(cudaMemcpy(dl.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(db.p, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(dx.p, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-  if (c.scoring == Scoring::Sigmoid) spec.correction_bias = dev_view(db.p, DType::F32, {c.E});
-  const int64_t ws_bytes = moe_workspace_bytes(*experts, c.T, c.k);
-  DevBuf ws{static_cast<size_t>(ws_bytes)};
-  ctx.workspace = Workspace{ws.p, ws_bytes};
-  const TensorView v_logits = dev_view(dl.p, DType::F32, {c.T, c.E}), v_x = dev_view(dx.p, DType::BF16, {c.T, H}),
-                   v_ids = dev_view(dids.p, DType::I32, {c.T, c.k}), v_w = dev_view(dw.p, DType::F32, {c.T, c.k}),
-                   v_out = dev_view(dout.p, DType::BF16, {c.T, H});
-  {
-    const RouteArgs args = route_args(dl.as<const float>(), c.E, spec, db.as<const float>());
-    ASSERT_EQ(moe_decode_routes(ex, c.T, args) && c.config.fused, c.kernel_routes)
-        << "the case does not test the path it names";
-  }
-
-  struct Result {
-    std::vector<int> ids;
-    std::vector<float> w;
-    std::vector<uint16_t> out;
-  };
-  auto run = [&](bool fused_call) {
-    // Poison (NaN and out-of-range ids): every element must be written.
-    EXPECT_EQ(cudaMemset(dout.p, 0xff, x.size() * 2), cudaSuccess);
-    EXPECT_EQ(cudaMemset(dids.p, 0xff, size_t(c.T * c.k) * 4), cudaSuccess);
-    EXPECT_EQ(cudaMemset(dw.p, 0xff, size_t(c.T * c.k) * 4), cudaSuccess);
-    EXPECT_EQ(cudaMemset(ws.p, 0xff, size_t(ws_bytes)), cudaSuccess);
-    if (fused_call) {
-      routed_moe(ctx, v_x, v_logits, spec, v_ids, v_w, *experts, v_out, c.config);
-    } else {
-      route(ctx, v_logits, spec, v_ids, v_w);
-      moe_experts(ctx, v_x, v_ids, v_w, *experts, v_out, c.config);
-    }
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    Result r{std::vector<int>(size_t(c.T * c.k)), std::vector<float>(size_t(c.T * c.k)),
-             std::vector<uint16_t>(x.size())};
-    EXPECT_EQ(cudaMemcpy(r.ids.data(), dids.p, r.ids.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(r.w.data(), dw.p, r.w.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(r.out.data(), dout.p, r.out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    return r;
-  };
-  const Result want = run(false), got = run(true);
-  for (size_t i = 0; i < want.ids.size(); ++i) {
-    ASSERT_EQ(got.ids[i], want.ids[i]) << "routing slot " << i;
-    ASSERT_EQ(std::memcmp(&got.w[i], &want.w[i], 4), 0) << "routing slot " << i << ": " << got.w[i] << " against "
-                                                          << want.w[i];
-  }
-  for (size_t i = 0; i < want.out.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(bf16_to_f32(want.out[i]))) << "element " << i << " not written";
-    ASSERT_EQ(got.out[i], want.out[i]) << "token " << i / size_t(H) << " column " << i % size_t(H);
-  }
-}
-
-const MoeConfig kFused{8, false, "", true};
-
-INSTANTIATE_TEST_SUITE_P(
-    Routing, MoeRoutedTest,
-    testing::Values(
-        // Qwen3-30B-A3B's router (128 experts, top-8 softmax) at batch 1; 8 tokens, two a warp.
-        RoutedCase{"softmax_one_token", Scoring::Softmax, 128, 8, 1, 1, 1, false, kFused, true},
-        RoutedCase{"softmax_eight_tokens", Scoring::Softmax, 128, 8, 8, 1, 1, false, kFused, true},
-        // DeepSeek-V3's groups with a shared expert; 384 experts, the most the kernel routes.
-        RoutedCase{"sigmoid_groups_shared", Scoring::Sigmoid, 256, 8, 5, 8, 4, true, kFused, true},
-        RoutedCase{"sigmoid_384_experts", Scoring::Sigmoid, 384, 8, 2, 1, 1, false, kFused, true},
-        // Past the kernel's routing bounds (9 tokens; 512 experts): the route kernel, then the
-        // fused kernel reading its ids.
-        RoutedCase{"nine_tokens", Scoring::Softmax, 64, 4, 9, 1, 1, false, kFused, false},
-        RoutedCase{"512_experts", Scoring::Sigmoid, 512, 8, 1, 1, 1, false, kFused, false},
-        // Not the fused kernel: route, then the tiles of 8.
-        RoutedCase{"tiles_of_8", Scoring::Softmax, 128, 8, 4, 1, 1, false, MoeConfig{8}, false}),
-    [](const testing::TestParamInfo<RoutedCase>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace tetra::ops::cuda
