@@ -36,60 +36,51 @@ struct Parts {
   int64_t rows;
 };
 
-// Weight chunks a lane loads before it computes: 8 x 16 bytes, a 4 KB batch a warp.
-constexpr int kBatch = 8;
-// x is staged in shared memory when all T rows of it fit in this (no opt-in needed).
-constexpr int64_t kMaxSharedX = 48 * 1024;
+// Weight chunks a lane loads before it computes (16 bytes each). Up to 4 tokens, 4: few
+// registers, so all the rows of a q/k/v projection are resident at once (with 8, 64 registers
+// made it two waves and a 1-token step 0.09 ms slower); from 5 tokens, 8 (docs/PERF.md).
+constexpr int batch_for(int tokens) { return tokens <= 4 ? 4 : 8; }
 
-// Warps per output row: enough that a lane's share of K fits one batch (n_in 2048: 1 warp;
-// 4096: 2; 6144 or 7168: 4), so a row costs one DRAM round trip, at most 8. It depends on n_in
-// alone, never on T or the parts of a launch, so each output keeps one summation order.
+// Warps per output row: enough that a warp's share of K is at most 256 chunks, one batch of 8
+// a lane (n_in 2048: 1 warp; 4096: 2; 6144 or 7168: 4), at most 8. It depends on n_in alone,
+// never on T or the parts of a launch, so each output keeps one summation order whatever the
+// batch.
 int split_for(int64_t n_in) {
-  const int64_t chunks = n_in / 8, per_warp = int64_t(32) * kBatch;
+  const int64_t chunks = n_in / 8, per_warp = 32 * batch_for(kGemvMaxTokens);
   int split = 1;
   while (split < kWarps && chunks > split * per_warp) split *= 2;
   return split;
 }
 
-// `split` warps share row r: warp s of them streams its 16-byte chunks s * 32 + lane +
-// 32 * split * i (a warp's loads of one step are 512 contiguous bytes), a batch of kBatch at a
-// time, dots each with the same chunk of every token's x, and sums its lanes in a fixed tree;
-// the row's first warp adds the warps' sums in warp order. With kSharedX the block first copies
-// x to shared memory while its first weight batch is in flight, so a dot waits on no global
-// load of x (from global memory, a lane's x loads of a batch come one L2 round trip after
-// another).
-template <int kTokens, bool kSharedX>
+// `kSplit` warps share row r: warp s of them streams its 16-byte chunks s * 32 + lane +
+// 32 * kSplit * i (a warp's loads of one step are 512 contiguous bytes), a batch at a time,
+// dots each with the same chunk of every token's x, and sums its lanes in a fixed tree; the
+// row's first warp adds the warps' sums in warp order. A lane's chunks are summed in ascending
+// order whatever the batch size, so the result does not depend on T.
+template <int kTokens, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Parts parts, const uint16_t* __restrict__ x,
-                                                         DType odt, int64_t n_in, int split) {
-  extern __shared__ uint4 x_shared[];  // kSharedX: x [kTokens, n_in / 8] in 16-byte chunks
-  __shared__ float partial[kWarps][kTokens];
+                                                         DType odt, int64_t n_in) {
+  constexpr int kRowsPerBlock = kWarps / kSplit, kBatch = batch_for(kTokens);
+  __shared__ float partial[kSplit > 1 ? kWarps : 1][kTokens];
   pdl_wait();
   pdl_launch_dependents();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, s = warp % split;
-  const int64_t r = int64_t(blockIdx.x) * (kWarps / split) + warp / split;
-  const bool active = r < parts.rows;  // no early exit: the block meets at barriers below
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, s = warp % kSplit;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + warp / kSplit;
+  const bool active = r < parts.rows;  // no early exit: the block meets at a barrier below
   int k = 0;
   while (k + 1 < parts.n && r >= parts.p[k + 1].row0) ++k;
   const Part& part = parts.p[k];
   const int64_t n = r - part.row0;
-  // 32-bit chunk indices (run() checks n_in): fewer registers, so more rows resident at once.
-  const int x_chunks = int(n_in / 8), chunks = active ? x_chunks : 0, step = 32 * split;
+  // 32-bit chunk indices (run() checks n_in): fewer registers.
+  const int x_chunks = int(n_in / 8), chunks = active ? x_chunks : 0, step = 32 * kSplit;
   const uint4* wrow = reinterpret_cast<const uint4*>(part.w + n * n_in);
   const uint4* xg = reinterpret_cast<const uint4*>(x);
-  int base = s * 32 + lane;
-  uint4 w[kBatch];
-  const auto load_batch = [&] {
+  float acc[kTokens] = {};
+  for (int base = s * 32 + lane; base < chunks; base += step * kBatch) {
+    uint4 w[kBatch];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i)
       if (base + i * step < chunks) w[i] = __ldg(wrow + base + i * step);
-  };
-  load_batch();
-  if constexpr (kSharedX) {
-    for (int i = threadIdx.x; i < kTokens * x_chunks; i += blockDim.x) x_shared[i] = __ldg(xg + i);
-    __syncthreads();
-  }
-  float acc[kTokens] = {};
-  while (base < chunks) {
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int c = base + i * step;
@@ -99,19 +90,17 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Parts parts, co
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) {
         float xf[8];
-        bf16x8_to_float(kSharedX ? x_shared[t * x_chunks + c] : __ldg(xg + t * x_chunks + c), xf);
+        bf16x8_to_float(__ldg(xg + t * x_chunks + c), xf);
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[t] = fmaf(wf[j], xf[j], acc[t]);
       }
     }
-    base += step * kBatch;
-    load_batch();
   }
 #pragma unroll
   for (int t = 0; t < kTokens; ++t)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
-  if (split > 1) {
+  if constexpr (kSplit > 1) {
     if (lane == 0)
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) partial[warp][t] = acc[t];
@@ -120,7 +109,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Parts parts, co
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) {
       acc[t] = partial[warp][t];
-      for (int i = 1; i < split; ++i) acc[t] += partial[warp + i][t];
+#pragma unroll
+      for (int i = 1; i < kSplit; ++i) acc[t] += partial[warp + i][t];
     }
   }
   if (!active || lane != 0) return;
@@ -129,17 +119,21 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Parts parts, co
   for (int t = 0; t < kTokens; ++t) store_float(part.out, t * part.n_out + n, odt, acc[t] + b);
 }
 
+template <int kTokens, int kSplit>
+void launch_split(const KernelLaunch& launch, const Parts& parts, TensorView x, DType odt, int64_t n_in) {
+  constexpr int kRowsPerBlock = kWarps / kSplit;
+  launch_kernel(launch, gemv_kernel<kTokens, kSplit>, unsigned((parts.rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                kWarps * 32, 0, parts, x.as<const uint16_t>(), odt, n_in);
+}
+
 template <int kTokens>
 void launch_gemv(const KernelLaunch& launch, const Parts& parts, TensorView x, DType odt, int64_t n_in) {
-  const int split = split_for(n_in);
-  const unsigned blocks = unsigned((parts.rows + kWarps / split - 1) / (kWarps / split));
-  const int64_t x_bytes = kTokens * n_in * 2;
-  if (x_bytes <= kMaxSharedX)
-    launch_kernel(launch, gemv_kernel<kTokens, true>, blocks, kWarps * 32, size_t(x_bytes), parts,
-                  x.as<const uint16_t>(), odt, n_in, split);
-  else
-    launch_kernel(launch, gemv_kernel<kTokens, false>, blocks, kWarps * 32, 0, parts, x.as<const uint16_t>(), odt,
-                  n_in, split);
+  switch (split_for(n_in)) {
+    case 1: return launch_split<kTokens, 1>(launch, parts, x, odt, n_in);
+    case 2: return launch_split<kTokens, 2>(launch, parts, x, odt, n_in);
+    case 4: return launch_split<kTokens, 4>(launch, parts, x, odt, n_in);
+    default: return launch_split<kTokens, 8>(launch, parts, x, odt, n_in);
+  }
 }
 
 // Whether one linear of x qualifies (see gemv.h).
