@@ -37,8 +37,10 @@ struct Parts {
 };
 
 // Weight chunks a lane loads before it computes (16 bytes each). Up to 4 tokens, 4: few
-// registers, so all the rows of a q/k/v projection are resident at once (with 8, 64 registers
-// made it two waves and a 1-token step 0.09 ms slower); from 5 tokens, 8 (docs/PERF.md).
+// registers, so all the rows of a q/k/v projection are resident at once (with 8 it took 64
+// registers, ran in two waves, and a 1-token step was 0.09-0.16 ms slower); from 5 tokens, 8
+// (docs/PERF.md). Past 8 tokens the FMAs, not the bytes, would set the pace: cuBLASLt's tensor
+// cores take those.
 constexpr int batch_for(int tokens) { return tokens <= 4 ? 4 : 8; }
 
 // Warps per output row: enough that a warp's share of K is at most 256 chunks, one batch of 8
