@@ -4,8 +4,6 @@
 // layer is capturable in a CUDA graph.
 #include <cuda_bf16.h>
 
-#include <climits>
-
 #include <algorithm>
 #include <cmath>
 
@@ -39,14 +37,6 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
     const int oi = __shfl_xor_sync(0xffffffffu, i, o);
     if (ov > v || (ov == v && oi < i)) v = ov, i = oi;  // ties go to the lower index
   }
-}
-
-// A float onto unsigned ints in the same order (-0 as +0, which compare equal); 0, below every
-// number, is left for "no candidate".
-__device__ __forceinline__ uint32_t order_key(float v) {
-  if (v == 0.0f) v = 0.0f;
-  const uint32_t b = __float_as_uint(v);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -124,30 +114,20 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_kernel(RouteParams p) 
     __syncwarp();
   }
 
-  // Top-k. Each lane keeps the best of its experts e = lane + 32 i (the lowest e among equal
-  // scores); a round takes the warp's best in two reductions (the largest key, then the lowest
-  // expert holding it), and only the lane that owned the winner scans its experts again. -inf
-  // and NaN are never candidates, as with a scan by `>`.
-  float best = -INFINITY;
-  int best_e = INT_MAX;
-  const auto rescan = [&] {
-    best = -INFINITY, best_e = INT_MAX;
-    for (int e = lane; e < E; e += 32)
-      if (sel[e] > best) best = sel[e], best_e = e;
-  };
-  rescan();
   float my_weight = 0.0f;  // lane j keeps the weight of the j-th choice
   for (int j = 0; j < p.top_k; ++j) {
-    const uint32_t key = best_e == INT_MAX ? 0u : order_key(best);
-    const uint32_t top = __reduce_max_sync(0xffffffffu, key);
-    int i = int(__reduce_min_sync(0xffffffffu, key == top ? uint32_t(best_e) : uint32_t(INT_MAX)));
+    float v = -INFINITY;
+    int i = 0x7fffffff;
+    for (int e = lane; e < E; e += 32)
+      if (sel[e] > v) v = sel[e], i = e;  // strided scan: first hit is the lower index
+    warp_argmax(v, i);
     if (i >= E) i = 0;  // only with NaN scores: keep the index in range
     if (lane == j) my_weight = score[i];
-    if (lane == 0) p.ids[int64_t(t) * p.top_k + j] = i;
-    if (lane == (i & 31)) {
+    if (lane == 0) {
+      p.ids[int64_t(t) * p.top_k + j] = i;
       sel[i] = -INFINITY;
-      rescan();
     }
+    __syncwarp();
   }
   if (p.norm) {
     const float sum = warp_sum(lane < p.top_k ? my_weight : 0.0f);
