@@ -306,9 +306,9 @@ TEST_F(BackendParity, LinearsEqualTheirLinearsOneByOne) {
         s->b->linear(s->ctx, xv, wq, q1);
         s->b->linear(s->ctx, xv, wk, k1);
         s->b->linear(s->ctx, xv, wv, v1);
-        EXPECT_EQ(s->read(q), s->read(q1)) << s->b->name() << " T=" << t << " q";
-        EXPECT_EQ(s->read(k), s->read(k1)) << s->b->name() << " T=" << t << " k";
-        EXPECT_EQ(s->read(v), s->read(v1)) << s->b->name() << " T=" << t << " v";
+        EXPECT_EQ(s->read(q), s->read(q1)) << s->b->name() << " n_in " << n_in << " T=" << t << " q";
+        EXPECT_EQ(s->read(k), s->read(k1)) << s->b->name() << " n_in " << n_in << " T=" << t << " k";
+        EXPECT_EQ(s->read(v), s->read(v1)) << s->b->name() << " n_in " << n_in << " T=" << t << " v";
       }
     }
   }
