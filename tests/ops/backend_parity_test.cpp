@@ -241,7 +241,13 @@ TEST_F(BackendParity, LinearEveryFormatAndShape) {
       // GEMV rows shared by 4 and by 8 warps (n_in 7168 and 16,400: lanes off the last batch).
       {WeightFormat::Dense, DType::BF16, 5, 67, 7168, true, DType::BF16, "bf16 GEMV 4 warps a row + bias"},
       {WeightFormat::Dense, DType::BF16, 8, 33, 16400, false, DType::F32, "bf16 GEMV 8 warps a row -> f32"},
-      {WeightFormat::Dense, DType::BF16, 9, 512, 2048, false, DType::BF16, "bf16 cuBLASLt 9 tokens"},
+      // wgmma skinny linears: 64-row tiles (partial ones past n_out), K shared by a cluster of
+      // skinny_split(n_in) blocks (1, 2, 4 and 7 here).
+      {WeightFormat::Dense, DType::BF16, 9, 512, 2048, false, DType::BF16, "bf16 wgmma 9 tokens, 2 blocks a tile"},
+      {WeightFormat::Dense, DType::BF16, 64, 200, 4096, true, DType::F32, "bf16 wgmma 64 tokens + bias -> f32"},
+      {WeightFormat::Dense, DType::BF16, 33, 67, 7168, true, DType::BF16, "bf16 wgmma 7 blocks a tile + bias"},
+      {WeightFormat::Dense, DType::BF16, 17, 130, 64, false, DType::BF16, "bf16 wgmma one chunk of K"},
+      {WeightFormat::Dense, DType::BF16, 65, 512, 2048, false, DType::BF16, "bf16 cuBLASLt 65 tokens"},
       {WeightFormat::Dense, DType::BF16, 300, 1024, 2048, true, DType::BF16, "bf16 cuBLASLt prefill + bias"},
       {WeightFormat::Dense, DType::BF16, 17, 11, 37, true, DType::BF16, "bf16 odd sizes"},
       {WeightFormat::Dense, DType::BF16, 5, 512, 64, false, DType::F32, "bf16 -> f32 (lm_head, router)"},
@@ -287,14 +293,34 @@ TEST_F(BackendParity, FewTokenLinearIsTheSameInAnyBatchOfUpTo8) {
   }
 }
 
+TEST_F(BackendParity, SkinnyLinearIsTheSameInAnyBatchOf9To64) {
+  // Graphs pad batches of 9-64 to the next captured size: a token's projection must not depend
+  // on the tokens beside it, with K in one block (n_in 1024) or shared by 2 or 7.
+  for (const int64_t n_in : {1024, 2048, 7168}) {
+    HostLinear h = host_linear(WeightFormat::Dense, DType::BF16, 320, n_in, true);
+    const auto x = randn(64 * n_in);
+    const LinearWeight w = gpu->b->upload(h.view);
+    std::vector<float> first9;
+    for (int64_t t : {9, 24, 40, 64}) {
+      const TensorView o = gpu->out({t, 320}, DType::BF16);
+      gpu->b->linear(gpu->ctx, gpu->act(std::vector<float>(x.begin(), x.begin() + t * n_in), {t, n_in}), w, o);
+      const std::vector<float> all = gpu->read(o);
+      const std::vector<float> head(all.begin(), all.begin() + 9 * 320);
+      if (t == 9) first9 = head;
+      EXPECT_EQ(head, first9) << "n_in " << n_in << ": tokens 0-8 of " << t;
+    }
+  }
+}
+
 TEST_F(BackendParity, LinearsEqualTheirLinearsOneByOne) {
   // q, k and v in one call: each part bit for bit what linear gives it alone, in the one-launch
-  // form (up to 8 tokens; at n_in 4096 two warps a row) and the fallback (more).
+  // forms (the GEMV up to 8 tokens, at n_in 4096 two warps a row; the wgmma skinny kernel for
+  // 9-64, at n_in 4096 four blocks a tile, v's 72 rows a partial tile).
   for (const int64_t n_in : {256, 4096}) {
     HostLinear hq = host_linear(WeightFormat::Dense, DType::BF16, 512, n_in, true);
     HostLinear hk = host_linear(WeightFormat::Dense, DType::BF16, 64, n_in, true);
     HostLinear hv = host_linear(WeightFormat::Dense, DType::BF16, 72, n_in, true);
-    for (int64_t t : {1, 5, 12}) {
+    for (int64_t t : {1, 5, 12, 64}) {
       const auto x = randn(t * n_in);
       for (Side* s : {cpu.get(), gpu.get()}) {
         const LinearWeight wq = s->b->upload(hq.view), wk = s->b->upload(hk.view), wv = s->b->upload(hv.view);
@@ -991,121 +1017,132 @@ TEST_F(BackendParity, PdlChainGivesThePlainLaunchesBits) {
   Side& g = *gpu;
   const int64_t hidden = 512, heads = 8, kv_heads = 2, dim = 64, inter = 768, vocab = 1000;
   const int n_layers = 6, bs = 16;
-  // Four sequences of one decode token each, over cached prefixes (split-KV plus combine).
-  const PagedSteps steps = paged_steps({{300, 1}, {37, 1}, {0, 1}, {1000, 1}}, bs, rng);
-  const int64_t t = steps.now.n;
-  std::vector<HostLinear> hosts;  // uploads are queued: the host bytes stay until synchronize
-  hosts.reserve(8);
-  const auto weight = [&](int64_t n_out, int64_t n_in) {
-    hosts.push_back(host_linear(WeightFormat::Dense, DType::BF16, n_out, n_in, false));
-    return g.b->upload(hosts.back().view);
-  };
-  const LinearWeight wq = weight(heads * dim, hidden), wk = weight(kv_heads * dim, hidden),
-                     wv = weight(kv_heads * dim, hidden), wo = weight(hidden, heads * dim),
-                     w_gate = weight(inter, hidden), w_up = weight(inter, hidden), w_down = weight(hidden, inter),
-                     lm_head = weight(vocab, hidden);
-  g.b->synchronize();
-  const TensorView table = g.put(randn(vocab * hidden), {vocab, hidden}, DType::BF16);
-  const TensorView norm_attn = g.put(randn(hidden, 0.3f), {hidden}, DType::BF16),
-                   norm_mlp = g.put(randn(hidden, 0.3f), {hidden}, DType::BF16),
-                   norm_final = g.put(randn(hidden, 0.3f), {hidden}, DType::BF16),
-                   q_norm = g.put(randn(dim, 0.5f), {dim}, DType::BF16),
-                   k_norm = g.put(randn(dim, 0.5f), {dim}, DType::BF16);
-  std::vector<float> inv(static_cast<size_t>(dim / 2));
-  for (int i = 0; i < dim / 2; ++i) inv[size_t(i)] = float(std::pow(10000.0, -2.0 * i / dim));
-  const RopeSpec rope{.inv_freq = g.put(inv, {dim / 2}, DType::F32), .rotary_dim = int(dim)};
-  const Shape cache_shape{steps.total_blocks, bs, kv_heads, dim};
-  const KvCacheLayer cache{g.out(cache_shape, g.b->kv_dtype()), g.out(cache_shape, g.b->kv_dtype()), {}};
-  g.b->kv_write(g.ctx, g.act(randn(steps.pre.n * kv_heads * dim), {steps.pre.n, kv_heads, dim}),
-                g.act(randn(steps.pre.n * kv_heads * dim), {steps.pre.n, kv_heads, dim}),
-                steps.pre.on(g, bs, steps.mbps), cache);
-  const AttentionBatch batch = steps.now.on(g, bs, steps.mbps);
-  std::vector<int32_t> ids(static_cast<size_t>(t));
-  for (auto& id : ids) id = int32_t(rng() % vocab);
-  const TensorView ids_v = g.ints(ids, {t}), order = g.ints({3, 1, 0, 2}, {t});
-  const TensorView delta0 = g.act(randn(t * hidden), {t, hidden});
-  const TensorView h = g.out_act({t, hidden}), delta = g.out_act({t, hidden}), x = g.out_act({t, hidden}),
-                   xg = g.out_act({t, hidden}), q = g.out_act({t, heads, dim}), k = g.out_act({t, kv_heads, dim}),
-                   v = g.out_act({t, kv_heads, dim}), attn = g.out_act({t, heads, dim}), gate = g.out_act({t, inter}),
-                   up = g.out_act({t, inter}), logits = g.out({t, vocab}, DType::F32);
-  const auto rows2d = [](TensorView a) {
-    a.shape = Shape{a.dim(0), a.numel() / a.dim(0)};
-    return a;
-  };
-  std::vector<SamplingRow> recs(static_cast<size_t>(t));
-  for (int64_t r = 0; r < t; ++r) {
-    recs[size_t(r)].temperature = r % 2 ? 0.8f : 0.0f;
-    recs[size_t(r)].n_top_logprobs = 5;
-    recs[size_t(r)].seed = uint64_t(7 + r);
-    recs[size_t(r)].position = 100 + r;
-  }
-  g.keep.push_back(g.b->alloc(DType::U8, {t * int64_t(sizeof(SamplingRow))}));
-  const TensorView rec_v = g.keep.back()->view();
-  g.keep.push_back(g.b->alloc_host(rec_v.nbytes()));  // pinned: the chain uploads the rows
-  void* recs_pinned = g.keep.back()->view().data;
-  std::memcpy(recs_pinned, recs.data(), size_t(rec_v.nbytes()));
-  g.keep.push_back(g.b->alloc(DType::U8, {t * int64_t(sizeof(SampledToken))}));
-  const TensorView sampled = g.keep.back()->view();
-  const TensorView none = g.ints({}, {0});
-
-  const auto chain = [&](const Context& c) {
-    g.arena->reset();
-    g.b->embedding(c, table, ids_v, h);
-    g.b->fill_zero(delta);  // a memset, then a PDL kernel rewriting what it set
-    g.b->copy_columns(c, delta0, 0, delta, 0, hidden);
-    for (int l = 0; l < n_layers; ++l) {
-      g.b->add_rms_norm(c, h, delta, norm_attn, 1e-6f, x);
-      const LinearPart qkv[] = {{&wq, rows2d(q)}, {&wk, rows2d(k)}, {&wv, rows2d(v)}};
-      g.b->linears(c, x, qkv);
-      g.b->qk_norm_rope_kv_write(c, q, k, v, q_norm, k_norm, 1e-6f, rope, batch, cache);
-      g.b->attention(c, q, cache, batch, 0.125f, attn);
-      g.b->linear(c, rows2d(attn), wo, delta);
-      g.b->add_rms_norm(c, h, delta, norm_mlp, 1e-6f, x);
-      const LinearPart gate_up[] = {{&w_gate, gate}, {&w_up, up}};
-      g.b->linears(c, x, gate_up);
-      g.b->silu_mul(c, gate, up, gate);
-      g.b->linear(c, gate, w_down, delta);
-      g.b->add(c, h, delta, h);
+  // One decode token a sequence over cached prefixes (split-KV plus combine): 4 sequences
+  // (the linears on the GEMV) and 12 (on the wgmma skinny kernel, in clusters).
+  for (const int n_seqs : {4, 12}) {
+    SCOPED_TRACE(std::to_string(n_seqs) + " sequences");
+    const int prefixes[] = {300, 37, 0, 1000};
+    std::vector<SeqSpec> seqs;
+    for (int i = 0; i < n_seqs; ++i) seqs.push_back({prefixes[i % 4] + (i >= 4 ? 3 * i : 0), 1});
+    const PagedSteps steps = paged_steps(seqs, bs, rng);
+    const int64_t t = steps.now.n;
+    Arena arena(*g.b);  // its own: the previous case froze its arena at that case's size
+    std::vector<HostLinear> hosts;  // uploads are queued: the host bytes stay until synchronize
+    hosts.reserve(8);
+    const auto weight = [&](int64_t n_out, int64_t n_in) {
+      hosts.push_back(host_linear(WeightFormat::Dense, DType::BF16, n_out, n_in, false));
+      return g.b->upload(hosts.back().view);
+    };
+    const LinearWeight wq = weight(heads * dim, hidden), wk = weight(kv_heads * dim, hidden),
+                       wv = weight(kv_heads * dim, hidden), wo = weight(hidden, heads * dim),
+                       w_gate = weight(inter, hidden), w_up = weight(inter, hidden), w_down = weight(hidden, inter),
+                       lm_head = weight(vocab, hidden);
+    g.b->synchronize();
+    const TensorView table = g.put(randn(vocab * hidden), {vocab, hidden}, DType::BF16);
+    const TensorView norm_attn = g.put(randn(hidden, 0.3f), {hidden}, DType::BF16),
+                     norm_mlp = g.put(randn(hidden, 0.3f), {hidden}, DType::BF16),
+                     norm_final = g.put(randn(hidden, 0.3f), {hidden}, DType::BF16),
+                     q_norm = g.put(randn(dim, 0.5f), {dim}, DType::BF16),
+                     k_norm = g.put(randn(dim, 0.5f), {dim}, DType::BF16);
+    std::vector<float> inv(static_cast<size_t>(dim / 2));
+    for (int i = 0; i < dim / 2; ++i) inv[size_t(i)] = float(std::pow(10000.0, -2.0 * i / dim));
+    const RopeSpec rope{.inv_freq = g.put(inv, {dim / 2}, DType::F32), .rotary_dim = int(dim)};
+    const Shape cache_shape{steps.total_blocks, bs, kv_heads, dim};
+    const KvCacheLayer cache{g.out(cache_shape, g.b->kv_dtype()), g.out(cache_shape, g.b->kv_dtype()), {}};
+    g.b->kv_write(g.ctx, g.act(randn(steps.pre.n * kv_heads * dim), {steps.pre.n, kv_heads, dim}),
+                  g.act(randn(steps.pre.n * kv_heads * dim), {steps.pre.n, kv_heads, dim}),
+                  steps.pre.on(g, bs, steps.mbps), cache);
+    const AttentionBatch batch = steps.now.on(g, bs, steps.mbps);
+    std::vector<int32_t> ids(static_cast<size_t>(t));
+    for (auto& id : ids) id = int32_t(rng() % vocab);
+    std::vector<int32_t> perm(static_cast<size_t>(t));  // a shuffle of the rows (5 is prime to 4 and 12)
+    for (int64_t r = 0; r < t; ++r) perm[size_t(r)] = int32_t((5 * r + 3) % t);
+    const TensorView ids_v = g.ints(ids, {t}), order = g.ints(perm, {t});
+    const TensorView delta0 = g.act(randn(t * hidden), {t, hidden});
+    const TensorView h = g.out_act({t, hidden}), delta = g.out_act({t, hidden}), x = g.out_act({t, hidden}),
+                     xg = g.out_act({t, hidden}), q = g.out_act({t, heads, dim}), k = g.out_act({t, kv_heads, dim}),
+                     v = g.out_act({t, kv_heads, dim}), attn = g.out_act({t, heads, dim}), gate = g.out_act({t, inter}),
+                     up = g.out_act({t, inter}), logits = g.out({t, vocab}, DType::F32);
+    const auto rows2d = [](TensorView a) {
+      a.shape = Shape{a.dim(0), a.numel() / a.dim(0)};
+      return a;
+    };
+    std::vector<SamplingRow> recs(static_cast<size_t>(t));
+    for (int64_t r = 0; r < t; ++r) {
+      recs[size_t(r)].temperature = r % 2 ? 0.8f : 0.0f;
+      recs[size_t(r)].n_top_logprobs = 5;
+      recs[size_t(r)].seed = uint64_t(7 + r);
+      recs[size_t(r)].position = 100 + r;
     }
-    g.b->rms_norm(c, h, norm_final, 1e-6f, x);
-    g.b->gather_rows(c, x, order, xg);
-    g.b->linear(c, xg, lm_head, logits);
-    g.b->copy_from_host_async(c, rec_v, recs_pinned);  // a copy, then a PDL kernel reading it
-    g.b->sample(c, logits, rec_v, none, none, sampled);
-  };
-  // The chain's outputs as bytes: bit for bit, NaN-poisoned cache slots included.
-  const auto bytes = [&](TensorView out) {
-    std::vector<uint8_t> b(static_cast<size_t>(out.nbytes()));
-    g.b->copy_to_host(b.data(), out);
-    return b;
-  };
-  const TensorView outputs[] = {h, logits, cache.k, cache.v, sampled};
-  const char* names[] = {"the hidden state", "the logits", "the K cache", "the V cache", "the sampled tokens"};
-  std::vector<std::vector<uint8_t>> want;
-  const auto expect_plain_bits = [&](const std::string& when) {
-    for (size_t i = 0; i < std::size(outputs); ++i)
-      EXPECT_TRUE(bytes(outputs[i]) == want[i]) << when << ": " << names[i];
-  };
-  Context plain = g.ctx, pdl = g.ctx;
-  plain.pdl = false;
-  pdl.pdl = true;
-  chain(plain);  // the measuring pass: the arena grows to the chain's scratch, then stays
-  g.arena->freeze();
-  chain(plain);
-  for (const TensorView& o : outputs) want.push_back(bytes(o));
-  for (int i = 0; i < 3; ++i) {
-    chain(pdl);
-    expect_plain_bits("eager run " + std::to_string(i) + " with PDL");
-  }
-  const std::unique_ptr<Graph> graph_plain = g.b->capture(plain, [&] { chain(plain); });
-  const std::unique_ptr<Graph> graph_pdl = g.b->capture(pdl, [&] { chain(pdl); });
-  ASSERT_TRUE(graph_plain && graph_pdl);
-  EXPECT_EQ(graph_pdl->n_nodes(), graph_plain->n_nodes());
-  graph_plain->replay(plain);
-  expect_plain_bits("graph replay without PDL");
-  for (int i = 0; i < 5; ++i) {
-    graph_pdl->replay(pdl);
-    expect_plain_bits("graph replay " + std::to_string(i) + " with PDL");
+    g.keep.push_back(g.b->alloc(DType::U8, {t * int64_t(sizeof(SamplingRow))}));
+    const TensorView rec_v = g.keep.back()->view();
+    g.keep.push_back(g.b->alloc_host(rec_v.nbytes()));  // pinned: the chain uploads the rows
+    void* recs_pinned = g.keep.back()->view().data;
+    std::memcpy(recs_pinned, recs.data(), size_t(rec_v.nbytes()));
+    g.keep.push_back(g.b->alloc(DType::U8, {t * int64_t(sizeof(SampledToken))}));
+    const TensorView sampled = g.keep.back()->view();
+    const TensorView none = g.ints({}, {0});
+
+    const auto chain = [&](const Context& c) {
+      arena.reset();
+      g.b->embedding(c, table, ids_v, h);
+      g.b->fill_zero(delta);  // a memset, then a PDL kernel rewriting what it set
+      g.b->copy_columns(c, delta0, 0, delta, 0, hidden);
+      for (int l = 0; l < n_layers; ++l) {
+        g.b->add_rms_norm(c, h, delta, norm_attn, 1e-6f, x);
+        const LinearPart qkv[] = {{&wq, rows2d(q)}, {&wk, rows2d(k)}, {&wv, rows2d(v)}};
+        g.b->linears(c, x, qkv);
+        g.b->qk_norm_rope_kv_write(c, q, k, v, q_norm, k_norm, 1e-6f, rope, batch, cache);
+        g.b->attention(c, q, cache, batch, 0.125f, attn);
+        g.b->linear(c, rows2d(attn), wo, delta);
+        g.b->add_rms_norm(c, h, delta, norm_mlp, 1e-6f, x);
+        const LinearPart gate_up[] = {{&w_gate, gate}, {&w_up, up}};
+        g.b->linears(c, x, gate_up);
+        g.b->silu_mul(c, gate, up, gate);
+        g.b->linear(c, gate, w_down, delta);
+        g.b->add(c, h, delta, h);
+      }
+      g.b->rms_norm(c, h, norm_final, 1e-6f, x);
+      g.b->gather_rows(c, x, order, xg);
+      g.b->linear(c, xg, lm_head, logits);
+      g.b->copy_from_host_async(c, rec_v, recs_pinned);  // a copy, then a PDL kernel reading it
+      g.b->sample(c, logits, rec_v, none, none, sampled);
+    };
+    // The chain's outputs as bytes: bit for bit, NaN-poisoned cache slots included.
+    const auto bytes = [&](TensorView out) {
+      std::vector<uint8_t> b(static_cast<size_t>(out.nbytes()));
+      g.b->copy_to_host(b.data(), out);
+      return b;
+    };
+    const TensorView outputs[] = {h, logits, cache.k, cache.v, sampled};
+    const char* names[] = {"the hidden state", "the logits", "the K cache", "the V cache", "the sampled tokens"};
+    std::vector<std::vector<uint8_t>> want;
+    const auto expect_plain_bits = [&](const std::string& when) {
+      for (size_t i = 0; i < std::size(outputs); ++i)
+        EXPECT_TRUE(bytes(outputs[i]) == want[i]) << when << ": " << names[i];
+    };
+    Context plain = g.ctx, pdl = g.ctx;
+    plain.arena = pdl.arena = &arena;
+    plain.pdl = false;
+    pdl.pdl = true;
+    chain(plain);  // the measuring pass: the arena grows to the chain's scratch, then stays
+    arena.freeze();
+    chain(plain);
+    for (const TensorView& o : outputs) want.push_back(bytes(o));
+    for (int i = 0; i < 3; ++i) {
+      chain(pdl);
+      expect_plain_bits("eager run " + std::to_string(i) + " with PDL");
+    }
+    const std::unique_ptr<Graph> graph_plain = g.b->capture(plain, [&] { chain(plain); });
+    const std::unique_ptr<Graph> graph_pdl = g.b->capture(pdl, [&] { chain(pdl); });
+    ASSERT_TRUE(graph_plain && graph_pdl);
+    EXPECT_EQ(graph_pdl->n_nodes(), graph_plain->n_nodes());
+    graph_plain->replay(plain);
+    expect_plain_bits("graph replay without PDL");
+    for (int i = 0; i < 5; ++i) {
+      graph_pdl->replay(pdl);
+      expect_plain_bits("graph replay " + std::to_string(i) + " with PDL");
+    }
   }
 }
 

@@ -20,6 +20,7 @@
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gemm_dense.h"
+#include "ops/cuda/gemm_skinny.h"
 #include "ops/cuda/gemv.h"
 #include "ops/cuda/kv_write.h"
 #include "ops/cuda/launch.h"
@@ -227,7 +228,8 @@ class CudaBackend final : public Backend {
     check_device(w.weight, "linear", "the weight");
     TETRA_CHECK(x.dim(-1) == w.n_in && out.dim(-1) == w.n_out, "linear: input width ", x.dim(-1),
                 " and output width ", out.dim(-1), " do not match a weight of ", w.n_out, "x", w.n_in);
-    if (gemv_bf16(kernel_launch(ctx), x, w, out)) return;
+    const LinearPart part{&w, out};
+    if (gemv_bf16(kernel_launch(ctx), x, w, out) || gemm_skinny_bf16(kernel_launch(ctx), x, {&part, 1})) return;
     if (gemm_->linear(stream_of(ctx), x, w, out)) {
       if (!w.bias.empty()) cuda::add_bias(kernel_launch(ctx), out, w.bias);
       return;
@@ -235,7 +237,7 @@ class CudaBackend final : public Backend {
     linear_general(kernel_launch(ctx), x, w, out);
   }
   void linears(const Context& ctx, TensorView x, std::span<const LinearPart> parts) override {
-    if (gemv_bf16(kernel_launch(ctx), x, parts)) return;
+    if (gemv_bf16(kernel_launch(ctx), x, parts) || gemm_skinny_bf16(kernel_launch(ctx), x, parts)) return;
     for (const LinearPart& p : parts) linear(ctx, x, *p.weight, p.out);
   }
   void rope(const Context& ctx, TensorView x, TensorView positions, const RopeSpec& spec) override {

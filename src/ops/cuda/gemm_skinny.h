@@ -1,0 +1,30 @@
+// Dense BF16 linears of 9-64 tokens (decode batches): out [T, n_out] = x [T, n_in] W^T (+ bias)
+// on wgmma, streaming W once. cuBLASLt's kernels reach about a tenth of the bandwidth at these
+// shapes (a 21 MB q/k/v projection of 64 tokens took about 40 us on the H200 where its bytes
+// take 5; docs/PERF.md).
+//
+// A block is one warpgroup and 64 rows of W; x's tokens are wgmma's M (64, the rows past T
+// zero), W's rows its N. A cluster of `skinny_split(n_in)` blocks shares a tile's K, and its
+// first block adds the others' sums from their shared memory in rank order. The split depends
+// on n_in alone, so a token's output is the same bits in any batch of 9-64 and whether its
+// linear runs alone or beside others in one launch.
+#pragma once
+
+#include <span>
+
+#include "ops/cuda/launch.h"
+#include "ops/ops.h"
+
+namespace tetra::ops::cuda {
+
+constexpr int64_t kSkinnyMinTokens = 9, kSkinnyMaxTokens = 64;
+
+// Blocks that share one 64-row tile's K for an input width of n_in (1..8).
+int skinny_split(int64_t n_in);
+
+// Runs the linears of x (up to 4, one input width, one output dtype) in one launch and returns
+// true when every part qualifies (dense BF16 weight and x, BF16 or F32 out, 9..64 tokens, n_in
+// a multiple of 64, 16-byte aligned); false runs nothing and leaves them to the caller.
+bool gemm_skinny_bf16(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> parts);
+
+}  // namespace tetra::ops::cuda
