@@ -16,6 +16,7 @@
 #include <set>
 
 #include "bench/event_timing.h"
+#include "bench/graph_timing.h"
 #include "bench/moe_baseline.h"
 #include "bench/read_probe.h"
 #include "ops/cuda/cuda_check.h"
@@ -48,63 +49,6 @@ const ShapeSpec kShapes[] = {
     {"deepseek-v3", {7168, 2048, 256, true}, 8, ops::Scoring::Sigmoid, 8, 4, true, 2.5f},
     {"qwen3-30b", {2048, 768, 128, false}, 8, ops::Scoring::Softmax, 1, 1, true, 1.0f},
 };
-
-struct Stats {
-  double median_us = 0, min_us = 0, max_us = 0;
-};
-
-// A device allocation that frees itself.
-struct DeviceMem {
-  void* p = nullptr;
-  explicit DeviceMem(size_t bytes) { TETRA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1))); }
-  ~DeviceMem() { cudaFree(p); }
-  DeviceMem(const DeviceMem&) = delete;
-  DeviceMem& operator=(const DeviceMem&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p); }
-};
-
-// Host -> device on the benchmark's stream, complete on return (ops/cuda/cuda_check.h).
-void upload(cudaStream_t stream, void* dst, const void* src, size_t bytes) {
-  ops::cuda::copy_and_wait(stream, dst, src, bytes, cudaMemcpyHostToDevice);
-}
-
-struct Graph {
-  cudaGraphExec_t exec = nullptr;
-  ~Graph() {
-    if (exec) cudaGraphExecDestroy(exec);
-  }
-};
-
-// Captures what `enqueue` puts on the stream into an executable graph.
-template <typename F>
-std::unique_ptr<Graph> capture(cudaStream_t stream, F&& enqueue) {
-  TETRA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    enqueue();
-  } catch (...) {
-    cudaGraph_t g;
-    cudaStreamEndCapture(stream, &g);
-    throw;
-  }
-  cudaGraph_t g;
-  TETRA_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
-  auto out = std::make_unique<Graph>();
-  TETRA_CUDA_CHECK(cudaGraphInstantiate(&out->exec, g, 0));
-  TETRA_CUDA_CHECK(cudaGraphDestroy(g));
-  return out;
-}
-
-// Replays graph i % n for run i, each between two events; two warm-up rounds first.
-Stats time_graphs(cudaStream_t stream, const std::vector<std::unique_ptr<Graph>>& graphs, int iters) {
-  for (int w = 0; w < 2; ++w)
-    for (const auto& g : graphs) TETRA_CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
-  std::vector<double> us = time_runs_us(stream, iters, [&](int i) {
-    TETRA_CUDA_CHECK(cudaGraphLaunch(graphs[size_t(i) % graphs.size()]->exec, stream));
-  });
-  std::sort(us.begin(), us.end());
-  return Stats{us[us.size() / 2], us.front(), us.back()};
-}
 
 // Router logits: standard normal, plus for "skewed" a popularity term -ln(1 + rank) over a
 // random ranking of the experts (a few experts take most tokens, as real routers do).

@@ -12,6 +12,7 @@
 #include "device_options.h"
 #include "core/error.h"
 #ifdef TETRA_HAVE_BENCH_MOE
+#include "bench/linear_bench.h"
 #include "bench/moe_bench.h"
 #endif
 
@@ -83,6 +84,44 @@ int bench_moe(int argc, char** argv) {
 #endif
 }
 
+int bench_linear(int argc, char** argv) {
+  CLI::App app{"A model's dense BF16 decode linears on the GPU through each kernel that takes them (GEMV, "
+               "wgmma skinny, cuBLASLt), per token count.",
+               "tetra bench linear"};
+  app.option_defaults()->always_capture_default();
+  std::string shapes = "qwen3-30b", tokens = "1,8,9,16,32,64,128";
+  int iters = 30;
+  bool json = false;
+  app.add_option("--shape", shapes, "comma-separated shapes: qwen3-30b, glm5");
+  app.add_option("--tokens", tokens, "comma-separated token counts (1..4096)");
+  app.add_option("--iters", iters, "timed graph replays per measurement")->check(CLI::Range(1, 10000));
+  app.add_flag("--json", json, "print one JSON object on stdout");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+#ifdef TETRA_HAVE_BENCH_MOE
+  bench::LinearBenchOptions opt;
+  opt.shapes = split_list(shapes);
+  opt.tokens.clear();
+  for (const std::string& t : split_list(tokens)) {
+    try {
+      opt.tokens.push_back(std::stoi(t));
+    } catch (const std::exception&) {
+      fail("--tokens takes comma-separated integers, not '", t, "'");
+    }
+  }
+  opt.iters = iters;
+  opt.json = json;
+  return bench::run_linear_bench(opt);
+#else
+  (void)json;
+  std::fprintf(stderr, "tetra bench linear: this build has no CUDA backend; rebuild with -DTETRA_CUDA=ON\n");
+  return 1;
+#endif
+}
+
 }  // namespace
 
 int cmd_bench_decode(int argc, char** argv);  // cmd_bench_decode.cpp
@@ -100,6 +139,7 @@ struct Sub {
 
 const Sub kSubs[] = {
     {"moe", "the MoE layer on the GPU: NVFP4 against BF16 cuBLAS", bench_moe},
+    {"linear", "a model's dense decode linears on the GPU, through each kernel that takes them", bench_linear},
     {"decode", "decode steps of the engine in-process: time, byte floor, breakdown by op class", cmd_bench_decode},
 #ifdef TETRA_HAVE_SERVER
     {"serving", "an OpenAI-compatible server under random load (SGLang's bench_serving)", cmd_bench_serving},
