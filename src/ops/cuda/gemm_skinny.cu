@@ -16,17 +16,23 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kThreads = 128;                   // one warpgroup
-constexpr int kRows = 64;                       // W rows a block: wgmma's N
-constexpr int kChunk = 64;                      // K values a stage: one 128-byte swizzle row
-constexpr int kTileBytes = 64 * 128;            // 64 rows of one chunk (x's tokens, or W's rows)
-constexpr int kStageBytes = 2 * kTileBytes;     // x's tile, then W's
-constexpr int kStages = 7;                      // 2 blocks an SM: 2 x (7 x 16 KB + 1 KB) <= 227 KB
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
-constexpr int kAcc = 32;                        // f32 accumulators a thread: 64 x 64 / 128
-constexpr int kMaxSplit = 8;                    // the portable cluster size
-constexpr int kChunksPerBlock = 16;             // 128 KB of W a block: enough to fill its ring
-static_assert(kSkinnyMaxTokens == 64, "x's tokens are one wgmma M of 64");
+constexpr int kThreads = 128;                // one warpgroup
+constexpr int kRows = 64;                   // W rows a block: wgmma's M
+constexpr int kChunk = 64;                  // K values a stage: one 128-byte swizzle row
+constexpr int kWTileBytes = kRows * 128;    // W's 64 rows of one chunk
+constexpr int kMaxSplit = 8;                // the portable cluster size
+constexpr int kChunksPerBlock = 16;         // 128 KB of W a block
+// Two blocks an SM: an SM has 228 KB, of which the driver keeps 1 KB a block.
+constexpr int kSmemBudget = 112 * 1024;
+
+// x's tokens padded to wgmma's N (16, 32 or 64): stage = W's tile, then x's N rows.
+template <int kN>
+struct Shape {
+  static constexpr int kStageBytes = kWTileBytes + kN * 128;
+  static constexpr int kStages = (kSmemBudget - 1024) / kStageBytes;  // 11, 9, 6
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;     // + alignment slack
+  static constexpr int kAcc = kN / 2;  // f32 accumulators a thread: 64 x kN / 128
+};
 
 constexpr int kMaxParts = 4;
 struct SkinnyPart {
@@ -48,10 +54,12 @@ struct SkinnyParams {
 __device__ __forceinline__ uint32_t tile_offset(int r, int u) { return uint32_t(r * 128 + ((u ^ (r & 7)) << 4)); }
 
 // Block (tile, rank): rows n0..n0+63 of its part against chunks [c_begin, c_begin + n_chunks)
-// of K. Stage s holds x's tile (token rows, K-major) and W's tile (row-major W is K-major B).
+// of K. Stage s holds W's tile (row-major W is K-major A) and x's (token rows, K-major B).
 // W is fixed at load, so the ring's first chunks of W are requested before pdl_wait, while
 // the kernel before this one still runs; x only after it.
+template <int kN>
 __global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const SkinnyParams p) {
+  using S = Shape<kN>;
   extern __shared__ uint8_t dsmem[];
   uint8_t* base = dsmem + ((1024u - (smem_addr(dsmem) & 1023u)) & 1023u);
   const uint32_t smem = smem_addr(base);
@@ -65,12 +73,12 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const SkinnyParams 
   const int c_begin = rank * chunks / p.split, n_chunks = (rank + 1) * chunks / p.split - c_begin;
   const int T = p.n_tokens;
 
-  // x's rows T..63 are never loaded: zero them once in every stage (they only feed output
-  // rows that are not stored, but stale bytes could be NaN).
+  // x's rows T..kN-1 are never loaded: zero them once in every stage (they only feed
+  // outputs that are not stored, but stale bytes could be NaN).
   {
-    const int zero_units = (kTileBytes - T * 128) / 16;
-    for (int q = tid; q < kStages * zero_units; q += kThreads) {
-      const uint32_t dst = smem + (q / zero_units) * kStageBytes + T * 128 + (q % zero_units) * 16;
+    const int zero_units = (kN - T) * 8;
+    for (int q = tid; q < S::kStages * zero_units; q += kThreads) {
+      const uint32_t dst = smem + (q / zero_units) * S::kStageBytes + kWTileBytes + T * 128 + (q % zero_units) * 16;
       asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(dst), "r"(0) : "memory");
     }
   }
@@ -84,17 +92,17 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const SkinnyParams 
     const int q = tid + kThreads * i, r = q >> 3, u = q & 7;
     wvalid[i] = n0 + r < part.n_out;  // rows past n_out load zeros
     wsrc[i] = wvalid[i] ? part.w + int64_t(n0 + r) * p.n_in + int64_t(c_begin) * kChunk + u * 8 : part.w;
-    wdst[i] = kTileBytes + tile_offset(r, u);
+    wdst[i] = tile_offset(r, u);
   }
   const auto load_w = [&](int c) {
-    const uint32_t stage = smem + (c % kStages) * kStageBytes;
+    const uint32_t stage = smem + (c % S::kStages) * S::kStageBytes;
 #pragma unroll
     for (int i = 0; i < 4; ++i) cp_async_16(stage + wdst[i], wsrc[i] + (wvalid[i] ? c * kChunk : 0), wvalid[i]);
   };
   const auto load_x = [&](int c) {
-    const uint32_t stage = smem + (c % kStages) * kStageBytes;
+    const uint32_t stage = smem + (c % S::kStages) * S::kStageBytes + kWTileBytes;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < (kN * 8 + kThreads - 1) / kThreads; ++i) {
       const int q = tid + kThreads * i, r = q >> 3, u = q & 7;
       if (r < T) cp_async_16(stage + tile_offset(r, u), p.x + int64_t(r) * p.n_in + (c_begin + c) * kChunk + u * 8, true);
     }
@@ -104,36 +112,36 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const SkinnyParams 
   // x) per chunk of the loop. Before chunk c's MMAs, the groups after its x are the prologue's
   // x of chunks c+1..kStages-2 and the loop's c, kStages - 2 in all: wait_group kStages - 2.
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < S::kStages - 1; ++s) {
     if (s < n_chunks) load_w(s);
     cp_async_commit();
   }
   pdl_wait();
   pdl_launch_dependents();
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < S::kStages - 1; ++s) {
     if (s < n_chunks) load_x(s);
     cp_async_commit();
   }
 
-  float acc[kAcc];
+  float acc[S::kAcc];
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < S::kAcc; ++i) acc[i] = 0.0f;
   for (int c = 0; c < n_chunks; ++c) {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait<S::kStages - 2>();
     wgmma::fence_proxy_async();  // cp.async and st.shared -> wgmma's reads
     __syncthreads();             // every thread's copies of chunk c are in; chunk c-1's MMAs are done
-    const int pre = c + kStages - 1;  // refills the slot chunk c-1 used
+    const int pre = c + S::kStages - 1;  // refills the slot chunk c-1 used
     if (pre < n_chunks) {
       load_w(pre);
       load_x(pre);
     }
     cp_async_commit();
-    const uint32_t xa = smem + (c % kStages) * kStageBytes, wb = xa + kTileBytes;
+    const uint32_t wa = smem + (c % S::kStages) * S::kStageBytes, xb = wa + kWTileBytes;
     wgmma::fence();
 #pragma unroll
     for (int j = 0; j < kChunk / 16; ++j)
-      wgmma::mma_ss<0>(acc, wgmma::desc_k_major(xa + 32 * j), wgmma::desc_k_major(wb + 32 * j));
+      wgmma::mma_ss<0>(acc, wgmma::desc_k_major(wa + 32 * j), wgmma::desc_k_major(xb + 32 * j));
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_acc(acc);
@@ -148,14 +156,14 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const SkinnyParams 
     __syncthreads();
     if (rank != 0)
 #pragma unroll
-      for (int j = 0; j < kAcc / 4; ++j)
+      for (int j = 0; j < S::kAcc / 4; ++j)
         red[j * kThreads + tid] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
     cluster.sync();
     if (rank == 0)
       for (int r = 1; r < p.split; ++r) {
         const float4* remote = cluster.map_shared_rank(red, r);
 #pragma unroll
-        for (int j = 0; j < kAcc / 4; ++j) {
+        for (int j = 0; j < S::kAcc / 4; ++j) {
           const float4 v = remote[j * kThreads + tid];
           acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
         }
@@ -164,20 +172,31 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const SkinnyParams 
     if (rank != 0) return;
   }
 
-  // wgmma.cuh's accumulator layout, M = tokens and N = W's rows: acc[4j + e] is token
-  // 16 warp + g against row n0 + 8j + 2t + e, acc[4j + 2 + e] token 16 warp + g + 8.
+  // wgmma.cuh's accumulator layout, M = W's rows and N = tokens: acc[4j + e] is row
+  // n0 + 16 warp + g against token 8j + 2t + e, acc[4j + 2 + e] row n0 + 16 warp + g + 8.
   const int warp = tid >> 5, g = (tid & 31) >> 2, t = tid & 3;
-  const int tok0 = 16 * warp + g, tok1 = tok0 + 8;
 #pragma unroll
-  for (int j = 0; j < kAcc / 4; ++j)
+  for (int h = 0; h < 2; ++h) {
+    const int row = n0 + 16 * warp + g + 8 * h;
+    if (row >= part.n_out) continue;
+    const float b = part.bias ? load_float(part.bias, row, part.bdt) : 0.0f;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int row = n0 + 8 * j + 2 * t + e;
-      if (row >= part.n_out) continue;
-      const float b = part.bias ? load_float(part.bias, row, part.bdt) : 0.0f;
-      if (tok0 < T) store_float(part.out, int64_t(tok0) * part.n_out + row, p.odt, acc[4 * j + e] + b);
-      if (tok1 < T) store_float(part.out, int64_t(tok1) * part.n_out + row, p.odt, acc[4 * j + 2 + e] + b);
-    }
+    for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int token = 8 * j + 2 * t + e;
+        if (token < T) store_float(part.out, int64_t(token) * part.n_out + row, p.odt, acc[4 * j + 2 * h + e] + b);
+      }
+  }
+}
+
+template <int kN>
+void launch_skinny(const KernelLaunch& launch, const SkinnyParams& p, int64_t blocks) {
+  // Dynamic shared memory above 48 KB must be allowed per kernel; setting it again is cheap.
+  TETRA_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        Shape<kN>::kSmemBytes));
+  launch_kernel_in_clusters(launch, unsigned(p.split), skinny_kernel<kN>, unsigned(blocks), kThreads,
+                            Shape<kN>::kSmemBytes, p);
 }
 
 bool qualifies(TensorView x, const LinearWeight& w, TensorView out) {
@@ -186,7 +205,7 @@ bool qualifies(TensorView x, const LinearWeight& w, TensorView out) {
   if (w.n_in % kChunk != 0 || w.n_in > INT_MAX / kSkinnyMaxTokens || w.n_out > INT_MAX / 2) return false;
   if (!aligned16(w.weight.data) || !aligned16(x.data)) return false;
   const int64_t t = x.numel() / w.n_in;
-  return t >= kSkinnyMinTokens && t <= kSkinnyMaxTokens;
+  return t >= 1 && t <= kSkinnyMaxTokens;
 }
 
 }  // namespace
@@ -213,10 +232,12 @@ bool gemm_skinny_bf16(const KernelLaunch& launch, TensorView x, std::span<const 
   p.n_tokens = int(x.numel() / w0.n_in);
   p.n_in = int(w0.n_in);
   p.odt = parts[0].out.dtype;
-  // Dynamic shared memory above 48 KB must be allowed per kernel; setting it again is cheap.
-  TETRA_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  launch_kernel_in_clusters(launch, unsigned(p.split), skinny_kernel, unsigned(tiles * p.split), kThreads, kSmemBytes,
-                            p);
+  if (p.n_tokens <= 16)
+    launch_skinny<16>(launch, p, tiles * p.split);
+  else if (p.n_tokens <= 32)
+    launch_skinny<32>(launch, p, tiles * p.split);
+  else
+    launch_skinny<64>(launch, p, tiles * p.split);
   TETRA_CUDA_CHECK_LAUNCH("gemm_skinny_bf16");
   return true;
 }

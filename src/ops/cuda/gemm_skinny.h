@@ -3,8 +3,9 @@
 // shapes (a 21 MB q/k/v projection of 64 tokens took about 40 us on the H200 where its bytes
 // take 5; docs/PERF.md).
 //
-// A block is one warpgroup and 64 rows of W; x's tokens are wgmma's M (64, the rows past T
-// zero), W's rows its N. A cluster of `skinny_split(n_in)` blocks shares a tile's K, and its
+// A block is one warpgroup and 64 rows of W (wgmma's M); x's tokens are its N (16, 32 or 64,
+// the rows past T zero), so a stage is W's 8 KB and x's 2-8 KB, and a block keeps 6-10 of W's
+// chunks in flight. A cluster of `skinny_split(n_in)` blocks shares a tile's K, and its
 // first block adds the others' sums from their shared memory in rank order. The split depends
 // on n_in alone, so a token's output is the same bits in any batch of 9-64 and whether its
 // linear runs alone or beside others in one launch.
@@ -17,13 +18,13 @@
 
 namespace tetra::ops::cuda {
 
-constexpr int64_t kSkinnyMinTokens = 9, kSkinnyMaxTokens = 64;
+constexpr int64_t kSkinnyMaxTokens = 64;
 
 // Blocks that share one 64-row tile's K for an input width of n_in (1..8).
 int skinny_split(int64_t n_in);
 
 // Runs the linears of x (up to 4, one input width, one output dtype) in one launch and returns
-// true when every part qualifies (dense BF16 weight and x, BF16 or F32 out, 9..64 tokens, n_in
+// true when every part qualifies (dense BF16 weight and x, BF16 or F32 out, 1..64 tokens, n_in
 // a multiple of 64, 16-byte aligned); false runs nothing and leaves them to the caller.
 bool gemm_skinny_bf16(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> parts);
 

@@ -85,6 +85,19 @@ __device__ __forceinline__ void mma_rs(float (&d)[128], const uint32_t (&a)[4], 
 // D[64 x N] += A[64 x 16] (shared, K-major) * B[16 x N] (shared; K-major, or MN-major when
 // kTransB).
 template <int kTransB>
+__device__ __forceinline__ void mma_ss(float (&d)[8], uint64_t a, uint64_t b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, %10;"
+               : TETRA_ACC8(0)
+               : "l"(a), "l"(b), "n"(kTransB));
+}
+template <int kTransB>
+__device__ __forceinline__ void mma_ss(float (&d)[16], uint64_t a, uint64_t b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+               "%11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 0, %18;"
+               : TETRA_ACC8(0), TETRA_ACC8(8)
+               : "l"(a), "l"(b), "n"(kTransB));
+}
+template <int kTransB>
 __device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t a, uint64_t b) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" TETRA_D32 "}, %32, %33, 1, 1, 1, 0, %34;"
                : TETRA_ACC32(0)
