@@ -21,15 +21,19 @@ constexpr int kRows = 64;                   // W rows a block: wgmma's M
 constexpr int kChunk = 64;                  // K values a stage: one 128-byte swizzle row
 constexpr int kWTileBytes = kRows * 128;    // W's 64 rows of one chunk
 constexpr int kMaxSplit = 8;                // the portable cluster size
-constexpr int kChunksPerBlock = 16;         // 128 KB of W a block
-// Two blocks an SM: an SM has 228 KB, of which the driver keeps 1 KB a block.
-constexpr int kSmemBudget = 112 * 1024;
+constexpr int kChunksPerBlock = 11;         // about 88 KB of W a block
+// Three blocks an SM (an SM has 228 KB, of which the driver keeps 1 KB a block). Against one
+// block with a 22-deep ring or two with 11, three and four measured fastest (docs/PERF.md):
+// a block's loop waits on its MMAs and a barrier each chunk, so blocks side by side overlap
+// what one block serializes.
+constexpr int kBlocksPerSm = 3;
+constexpr int kSmemBudget = 74 * 1024;
 
 // x's tokens padded to wgmma's N (16, 32 or 64): stage = W's tile, then x's N rows.
 template <int kN>
 struct Shape {
   static constexpr int kStageBytes = kWTileBytes + kN * 128;
-  static constexpr int kStages = (kSmemBudget - 1024) / kStageBytes;  // 11, 9, 6
+  static constexpr int kStages = (kSmemBudget - 1024) / kStageBytes;  // 7, 6, 4
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;     // + alignment slack
   static constexpr int kAcc = kN / 2;  // f32 accumulators a thread: 64 x kN / 128
 };
@@ -58,7 +62,7 @@ __device__ __forceinline__ uint32_t tile_offset(int r, int u) { return uint32_t(
 // W is fixed at load, so the ring's first chunks of W are requested before pdl_wait, while
 // the kernel before this one still runs; x only after it.
 template <int kN>
-__global__ void __launch_bounds__(kThreads, 2) skinny_kernel(const SkinnyParams p) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) skinny_kernel(const SkinnyParams p) {
   using S = Shape<kN>;
   extern __shared__ uint8_t dsmem[];
   uint8_t* base = dsmem + ((1024u - (smem_addr(dsmem) & 1023u)) & 1023u);
