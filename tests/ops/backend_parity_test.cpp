@@ -236,18 +236,21 @@ TEST_F(BackendParity, LinearEveryFormatAndShape) {
   struct Case { WeightFormat f; DType dt; int64_t t, n_out, n_in; bool bias; DType out; const char* name; };
   const Case cases[] = {
       {WeightFormat::Dense, DType::BF16, 1, 2048, 768, false, DType::BF16, "bf16 GEMV decode"},
-      {WeightFormat::Dense, DType::BF16, 8, 4096, 2048, true, DType::BF16, "bf16 GEMV 8 tokens + bias"},
+      {WeightFormat::Dense, DType::BF16, 8, 151, 2048, true, DType::BF16, "bf16 GEMV 8 tokens + bias"},
       {WeightFormat::Dense, DType::BF16, 3, 151, 4096, false, DType::F32, "bf16 GEMV -> f32, rows off the block"},
       // GEMV rows shared by 4 and by 8 warps (n_in 7168 and 16,400: lanes off the last batch).
       {WeightFormat::Dense, DType::BF16, 5, 67, 7168, true, DType::BF16, "bf16 GEMV 4 warps a row + bias"},
       {WeightFormat::Dense, DType::BF16, 8, 33, 16400, false, DType::F32, "bf16 GEMV 8 warps a row -> f32"},
-      // wgmma skinny linears: 64-row tiles (partial ones past n_out), K shared by a cluster of
-      // skinny_split(n_in) blocks (1, 2, 4 and 7 here).
-      {WeightFormat::Dense, DType::BF16, 9, 512, 2048, false, DType::BF16, "bf16 wgmma 9 tokens, 2 blocks a tile"},
-      {WeightFormat::Dense, DType::BF16, 64, 200, 4096, true, DType::F32, "bf16 wgmma 64 tokens + bias -> f32"},
-      {WeightFormat::Dense, DType::BF16, 33, 67, 7168, true, DType::BF16, "bf16 wgmma 7 blocks a tile + bias"},
-      {WeightFormat::Dense, DType::BF16, 17, 130, 64, false, DType::BF16, "bf16 wgmma one chunk of K"},
-      {WeightFormat::Dense, DType::BF16, 65, 512, 2048, false, DType::BF16, "bf16 cuBLASLt 65 tokens"},
+      // wgmma skinny linears (512 rows and more, 2-32 tokens): 64-row tiles (partial ones past
+      // n_out), tokens padded to 16, 32 or 64, K shared by a cluster of skinny_split(n_in)
+      // blocks (1, 2, 3, 6 and 7 here).
+      {WeightFormat::Dense, DType::BF16, 2, 4096, 2048, true, DType::BF16, "bf16 wgmma 2 tokens + bias"},
+      {WeightFormat::Dense, DType::BF16, 9, 512, 2048, false, DType::BF16, "bf16 wgmma 9 tokens, 3 blocks a tile"},
+      {WeightFormat::Dense, DType::BF16, 32, 600, 4096, true, DType::F32, "bf16 wgmma 32 tokens + bias -> f32"},
+      {WeightFormat::Dense, DType::BF16, 17, 520, 7168, true, DType::BF16, "bf16 wgmma 7 blocks a tile + bias"},
+      {WeightFormat::Dense, DType::BF16, 5, 576, 64, false, DType::BF16, "bf16 wgmma one chunk of K"},
+      {WeightFormat::Dense, DType::BF16, 33, 512, 2048, false, DType::BF16, "bf16 cuBLASLt 33 tokens"},
+      {WeightFormat::Dense, DType::BF16, 12, 256, 2048, false, DType::F32, "bf16 cuBLASLt router 12 tokens"},
       {WeightFormat::Dense, DType::BF16, 300, 1024, 2048, true, DType::BF16, "bf16 cuBLASLt prefill + bias"},
       {WeightFormat::Dense, DType::BF16, 17, 11, 37, true, DType::BF16, "bf16 odd sizes"},
       {WeightFormat::Dense, DType::BF16, 5, 512, 64, false, DType::F32, "bf16 -> f32 (lm_head, router)"},
@@ -275,67 +278,76 @@ TEST_F(BackendParity, LinearEveryFormatAndShape) {
 }
 
 TEST_F(BackendParity, FewTokenLinearIsTheSameInAnyBatchOfUpTo8) {
-  // Decode graphs pad batches of up to 8 to the next captured size: a token's projection must
-  // not depend on the tokens beside it, with one warp a row (n_in 2048) or several (7168).
+  // Decode graphs pad batches to the next captured size: a token's projection must not depend
+  // on the tokens beside it. A router's linear (under 512 rows) stays on the GEMV up to 8
+  // tokens, with one warp a row (n_in 2048) or several (7168).
   for (const int64_t n_in : {2048, 7168}) {
-    HostLinear h = host_linear(WeightFormat::Dense, DType::BF16, 1024, n_in, true);
+    HostLinear h = host_linear(WeightFormat::Dense, DType::BF16, 256, n_in, true);
     const auto x = randn(8 * n_in);
     const LinearWeight w = gpu->b->upload(h.view);
     std::vector<float> alone;
     for (int64_t t : {1, 3, 8}) {
-      const TensorView o = gpu->out({t, 1024}, DType::BF16);
+      const TensorView o = gpu->out({t, 256}, DType::BF16);
       gpu->b->linear(gpu->ctx, gpu->act(std::vector<float>(x.begin(), x.begin() + t * n_in), {t, n_in}), w, o);
       const std::vector<float> all = gpu->read(o);
-      const std::vector<float> first(all.begin(), all.begin() + 1024);
+      const std::vector<float> first(all.begin(), all.begin() + 256);
       if (t == 1) alone = first;
       EXPECT_EQ(first, alone) << "n_in " << n_in << ": token 0 of " << t;
     }
   }
 }
 
-TEST_F(BackendParity, SkinnyLinearIsTheSameInAnyBatchOf9To64) {
-  // Graphs pad batches of 9-64 to the next captured size: a token's projection must not depend
-  // on the tokens beside it, with K in one block (n_in 1024) or shared by 2 or 7.
-  for (const int64_t n_in : {1024, 2048, 7168}) {
-    HostLinear h = host_linear(WeightFormat::Dense, DType::BF16, 320, n_in, true);
-    const auto x = randn(64 * n_in);
+TEST_F(BackendParity, SkinnyLinearIsTheSameInAnyBatchOf2To32) {
+  // The same for the wgmma skinny kernel (512 rows and more, 2-32 tokens): tokens padded to 16
+  // or 32, K in one block (n_in 512) or shared by 2 or 7.
+  for (const int64_t n_in : {512, 2048, 7168}) {
+    HostLinear h = host_linear(WeightFormat::Dense, DType::BF16, 640, n_in, true);
+    const auto x = randn(32 * n_in);
     const LinearWeight w = gpu->b->upload(h.view);
-    std::vector<float> first9;
-    for (int64_t t : {9, 24, 40, 64}) {
-      const TensorView o = gpu->out({t, 320}, DType::BF16);
+    std::vector<float> first2;
+    for (int64_t t : {2, 9, 24, 32}) {
+      const TensorView o = gpu->out({t, 640}, DType::BF16);
       gpu->b->linear(gpu->ctx, gpu->act(std::vector<float>(x.begin(), x.begin() + t * n_in), {t, n_in}), w, o);
       const std::vector<float> all = gpu->read(o);
-      const std::vector<float> head(all.begin(), all.begin() + 9 * 320);
-      if (t == 9) first9 = head;
-      EXPECT_EQ(head, first9) << "n_in " << n_in << ": tokens 0-8 of " << t;
+      const std::vector<float> head(all.begin(), all.begin() + 2 * 640);
+      if (t == 2) first2 = head;
+      EXPECT_EQ(head, first2) << "n_in " << n_in << ": tokens 0-1 of " << t;
     }
   }
 }
 
-TEST_F(BackendParity, LinearsEqualTheirLinearsOneByOne) {
-  // q, k and v in one call: each part bit for bit what linear gives it alone, in the one-launch
-  // forms (the GEMV up to 8 tokens, at n_in 4096 two warps a row; the wgmma skinny kernel for
-  // 9-64, at n_in 4096 four blocks a tile, v's 72 rows a partial tile).
+TEST_F(BackendParity, LinearsMatchTheReferencePartByPart) {
+  // q, k and v in one call, against the CPU's (where each part is what linear gives it alone):
+  // the GEMV at 1 token (at n_in 4096 two warps a row), the wgmma skinny kernel at 5-64 (at
+  // n_in 4096 six blocks a tile, v's 72 rows a partial tile, tokens padded to 16, 32 and 64).
   for (const int64_t n_in : {256, 4096}) {
     HostLinear hq = host_linear(WeightFormat::Dense, DType::BF16, 512, n_in, true);
     HostLinear hk = host_linear(WeightFormat::Dense, DType::BF16, 64, n_in, true);
     HostLinear hv = host_linear(WeightFormat::Dense, DType::BF16, 72, n_in, true);
-    for (int64_t t : {1, 5, 12, 64}) {
+    for (int64_t t : {1, 5, 20, 64}) {
       const auto x = randn(t * n_in);
+      std::vector<float> got[3], want[3];
       for (Side* s : {cpu.get(), gpu.get()}) {
         const LinearWeight wq = s->b->upload(hq.view), wk = s->b->upload(hk.view), wv = s->b->upload(hv.view);
         const TensorView xv = s->act(x, {t, n_in});
         const TensorView q = s->out_act({t, 512}), k = s->out_act({t, 64}), v = s->out_act({t, 72});
         const LinearPart parts[] = {{&wq, q}, {&wk, k}, {&wv, v}};
         s->b->linears(s->ctx, xv, parts);
+        std::vector<float>* out = s == cpu.get() ? want : got;
+        for (int i = 0; i < 3; ++i) out[i] = s->read(parts[i].out);
+        if (s != cpu.get()) continue;
         const TensorView q1 = s->out_act({t, 512}), k1 = s->out_act({t, 64}), v1 = s->out_act({t, 72});
         s->b->linear(s->ctx, xv, wq, q1);
         s->b->linear(s->ctx, xv, wk, k1);
         s->b->linear(s->ctx, xv, wv, v1);
-        EXPECT_EQ(s->read(q), s->read(q1)) << s->b->name() << " n_in " << n_in << " T=" << t << " q";
-        EXPECT_EQ(s->read(k), s->read(k1)) << s->b->name() << " n_in " << n_in << " T=" << t << " k";
-        EXPECT_EQ(s->read(v), s->read(v1)) << s->b->name() << " n_in " << n_in << " T=" << t << " v";
+        EXPECT_EQ(want[0], s->read(q1)) << "n_in " << n_in << " T=" << t << " q";
+        EXPECT_EQ(want[1], s->read(k1)) << "n_in " << n_in << " T=" << t << " k";
+        EXPECT_EQ(want[2], s->read(v1)) << "n_in " << n_in << " T=" << t << " v";
       }
+      const char* names[] = {"q", "k", "v"};
+      for (int i = 0; i < 3; ++i)
+        report("linears " + std::string(names[i]) + " n_in " + std::to_string(n_in) + " T=" + std::to_string(t),
+               nmse(got[i], want[i]), kBf16Out);
     }
   }
 }
@@ -1017,9 +1029,9 @@ TEST_F(BackendParity, PdlChainGivesThePlainLaunchesBits) {
   Side& g = *gpu;
   const int64_t hidden = 512, heads = 8, kv_heads = 2, dim = 64, inter = 768, vocab = 1000;
   const int n_layers = 6, bs = 16;
-  // One decode token a sequence over cached prefixes (split-KV plus combine): 4 sequences
-  // (the linears on the GEMV) and 12 (on the wgmma skinny kernel, in clusters).
-  for (const int n_seqs : {4, 12}) {
+  // One decode token a sequence over cached prefixes (split-KV plus combine): 1 sequence (the
+  // linears on the GEMV), 4 and 12 (on the wgmma skinny kernel, in clusters).
+  for (const int n_seqs : {1, 4, 12}) {
     SCOPED_TRACE(std::to_string(n_seqs) + " sequences");
     const int prefixes[] = {300, 37, 0, 1000};
     std::vector<SeqSpec> seqs;

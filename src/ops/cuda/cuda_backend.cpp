@@ -25,6 +25,7 @@
 #include "ops/cuda/kv_write.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/linear.h"
+#include "ops/cuda/linear_path.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tune.h"
 #include "ops/cuda/norm.h"
@@ -229,7 +230,7 @@ class CudaBackend final : public Backend {
     TETRA_CHECK(x.dim(-1) == w.n_in && out.dim(-1) == w.n_out, "linear: input width ", x.dim(-1),
                 " and output width ", out.dim(-1), " do not match a weight of ", w.n_out, "x", w.n_in);
     const LinearPart part{&w, out};
-    if (gemv_bf16(kernel_launch(ctx), x, w, out) || gemm_skinny_bf16(kernel_launch(ctx), x, {&part, 1})) return;
+    if (dense_kernel(ctx, x, {&part, 1})) return;
     if (gemm_->linear(stream_of(ctx), x, w, out)) {
       if (!w.bias.empty()) cuda::add_bias(kernel_launch(ctx), out, w.bias);
       return;
@@ -237,7 +238,7 @@ class CudaBackend final : public Backend {
     linear_general(kernel_launch(ctx), x, w, out);
   }
   void linears(const Context& ctx, TensorView x, std::span<const LinearPart> parts) override {
-    if (gemv_bf16(kernel_launch(ctx), x, parts) || gemm_skinny_bf16(kernel_launch(ctx), x, parts)) return;
+    if (dense_kernel(ctx, x, parts)) return;
     for (const LinearPart& p : parts) linear(ctx, x, *p.weight, p.out);
   }
   void rope(const Context& ctx, TensorView x, TensorView positions, const RopeSpec& spec) override {
@@ -311,6 +312,18 @@ class CudaBackend final : public Backend {
               TensorView penalty_counts, TensorView out) override;
 
  private:
+  // The GEMV or the wgmma skinny kernel, where dense_linear_path picks one and it takes the
+  // launch; false leaves the launch to cuBLASLt.
+  bool dense_kernel(const Context& ctx, TensorView x, std::span<const LinearPart> parts) {
+    if (parts.empty() || parts[0].weight->n_in <= 0) return false;
+    const int64_t tokens = x.numel() / parts[0].weight->n_in;
+    switch (dense_linear_path(tokens, parts)) {
+      case DenseLinearPath::Gemv: return gemv_bf16(kernel_launch(ctx), x, parts);
+      case DenseLinearPath::Skinny: return gemm_skinny_bf16(kernel_launch(ctx), x, parts);
+      case DenseLinearPath::Library: return false;
+    }
+    return false;
+  }
   Uploader& uploader() {
     if (!uploader_) uploader_ = std::make_unique<Uploader>(stream_);
     return *uploader_;
