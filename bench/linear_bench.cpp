@@ -19,6 +19,7 @@
 #include "ops/cuda/gemm_dense.h"
 #include "ops/cuda/gemm_skinny.h"
 #include "ops/cuda/gemv.h"
+#include "ops/cuda/linear_path.h"
 
 namespace tetra::bench {
 namespace {
@@ -101,6 +102,7 @@ std::vector<float> read_floats(TensorView t) {
 
 struct Row {
   std::string shape, linear, path;
+  bool picked = false;  // the path the engine takes (ops/cuda/linear_path.h)
   int tokens = 0, copies = 0;
   Stats st;  // per launch
   double bytes = 0, cublaslt_us = 0, max_rel = 0;
@@ -110,8 +112,8 @@ void print_row(const Row& r) {
   const double s = r.st.median_us * 1e-6;
   char speedup[16] = "-";
   if (r.cublaslt_us > 0) std::snprintf(speedup, sizeof speedup, "%.2fx", r.cublaslt_us / r.st.median_us);
-  std::printf("%-10s %-9s %4d %-13s %9.2f %9.2f %9.2f %8.0f %6.1f%% %8s %10.2e %4d\n", r.shape.c_str(),
-              r.linear.c_str(), r.tokens, r.path.c_str(), r.st.median_us, r.st.min_us, r.st.max_us,
+  std::printf("%-10s %-9s %4d %-13s%s %9.2f %9.2f %9.2f %8.0f %6.1f%% %8s %10.2e %4d\n", r.shape.c_str(),
+              r.linear.c_str(), r.tokens, r.path.c_str(), r.picked ? "*" : " ", r.st.median_us, r.st.min_us, r.st.max_us,
               r.bytes / s * 1e-9, 100.0 * r.bytes / kBytesPerSecond / s, speedup, r.max_rel, r.copies);
 }
 
@@ -179,13 +181,18 @@ void bench_shape(const ShapeSpec& spec, const LinearBenchOptions& opt, const ops
         Stats st = time_graphs(stream, graphs, opt.iters);
         st.median_us /= copies, st.min_us /= copies, st.max_us /= copies;
         if (path == Path::CuBlasLt) cublaslt_us = st.median_us;
-        Row r{spec.name, lin.name, path_name(path), T, copies, st, bytes,
+        const ops::cuda::DenseLinearPath picked = ops::cuda::dense_linear_path(T, parts_of(0));
+        const Path engine = picked == ops::cuda::DenseLinearPath::Gemv     ? Path::Gemv
+                            : picked == ops::cuda::DenseLinearPath::Skinny ? Path::Skinny
+                                                                           : Path::CuBlasLt;
+        Row r{spec.name, lin.name, path_name(path), path == engine, T, copies, st, bytes,
               path == Path::CuBlasLt ? 0.0 : cublaslt_us, max_rel};
         if (opt.json)
           rows.push_back({{"shape", r.shape}, {"linear", r.linear}, {"tokens", T}, {"path", r.path},
                           {"median_us", st.median_us}, {"min_us", st.min_us}, {"max_us", st.max_us},
                           {"bytes", bytes}, {"gbps", bytes / (st.median_us * 1e-6) * 1e-9},
-                          {"copies", copies}, {"max_rel_diff_vs_cublaslt", max_rel}});
+                          {"copies", copies}, {"max_rel_diff_vs_cublaslt", max_rel},
+                          {"engine_path", r.picked}});
         else
           print_row(r);
       }
@@ -220,9 +227,9 @@ int run_linear_bench(const LinearBenchOptions& opt) {
   if (!opt.json) {
     std::printf("tetra bench linear on %s (%d SMs): one launch of a step's linear (parts share x), CUDA graph "
                 "replays over weight copies, median of %d; %%ceil against %.2f TB/s; maxrel: max |out - "
-                "cuBLASLt's| / max |cuBLASLt's|\n",
+                "cuBLASLt's| / max |cuBLASLt's|; * the path the engine takes\n",
                 props.name.c_str(), props.sm_count, opt.iters, kBytesPerSecond / 1e12);
-    std::printf("%-10s %-9s %4s %-13s %9s %9s %9s %8s %7s %8s %10s %4s\n", "shape", "linear", "T", "path", "us(med)",
+    std::printf("%-10s %-9s %4s %-14s %9s %9s %9s %8s %7s %8s %10s %4s\n", "shape", "linear", "T", "path", "us(med)",
                 "us(min)", "us(max)", "GB/s", "%ceil", "speedup", "maxrel", "cps");
   }
   try {
