@@ -1,14 +1,14 @@
-// Dense BF16 linears of 9-64 tokens (decode batches): out [T, n_out] = x [T, n_in] W^T (+ bias)
-// on wgmma, streaming W once. cuBLASLt's kernels reach about a tenth of the bandwidth at these
-// shapes (a 21 MB q/k/v projection of 64 tokens took about 40 us on the H200 where its bytes
-// take 5; docs/PERF.md).
+// Dense BF16 linears of 2-64 tokens (decode batches): out [T, n_out] = x [T, n_in] W^T (+ bias)
+// on wgmma, streaming W once. Where it runs instead of the GEMV or cuBLASLt is linear_path.h's
+// rule; at Qwen3-30B-A3B's q/k/v it streams 2.2x faster than cuBLASLt's three launches.
 //
 // A block is one warpgroup and 64 rows of W (wgmma's M); x's tokens are its N (16, 32 or 64,
-// the rows past T zero), so a stage is W's 8 KB and x's 2-8 KB, and a block keeps 6-10 of W's
-// chunks in flight. A cluster of `skinny_split(n_in)` blocks shares a tile's K, and its
-// first block adds the others' sums from their shared memory in rank order. The split depends
-// on n_in alone, so a token's output is the same bits in any batch of 9-64 and whether its
-// linear runs alone or beside others in one launch.
+// the rows past T zero), so a stage is W's 8 KB and x's 2-8 KB, and a block keeps 3-6 of W's
+// chunks in flight, three blocks an SM. A cluster of `skinny_split(n_in)` blocks shares a
+// tile's K, and its first block adds the others' sums from their shared memory in rank order.
+// The split depends on n_in alone, so a token's output is the same bits in any batch the
+// kernel runs and whether its linear runs alone or beside others in one launch (wgmma gives a
+// row the same bits at N 16, 32 and 64; gpu_tests checks it).
 #pragma once
 
 #include <span>
