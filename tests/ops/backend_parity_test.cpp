@@ -241,15 +241,15 @@ TEST_F(BackendParity, LinearEveryFormatAndShape) {
       // GEMV rows shared by 4 and by 8 warps (n_in 7168 and 16,400: lanes off the last batch).
       {WeightFormat::Dense, DType::BF16, 5, 67, 7168, true, DType::BF16, "bf16 GEMV 4 warps a row + bias"},
       {WeightFormat::Dense, DType::BF16, 8, 33, 16400, false, DType::F32, "bf16 GEMV 8 warps a row -> f32"},
-      // wgmma skinny linears (512 rows and more, 2-32 tokens): 64-row tiles (partial ones past
+      // wgmma skinny linears (512 rows and more, 2-16 tokens alone): 64-row tiles (partial ones past
       // n_out), tokens padded to 16, 32 or 64, K shared by a cluster of skinny_split(n_in)
       // blocks (1, 2, 3, 6 and 7 here).
       {WeightFormat::Dense, DType::BF16, 2, 4096, 2048, true, DType::BF16, "bf16 wgmma 2 tokens + bias"},
       {WeightFormat::Dense, DType::BF16, 9, 512, 2048, false, DType::BF16, "bf16 wgmma 9 tokens, 3 blocks a tile"},
-      {WeightFormat::Dense, DType::BF16, 32, 600, 4096, true, DType::F32, "bf16 wgmma 32 tokens + bias -> f32"},
+      {WeightFormat::Dense, DType::BF16, 16, 600, 4096, true, DType::F32, "bf16 wgmma 16 tokens + bias -> f32"},
       {WeightFormat::Dense, DType::BF16, 17, 520, 7168, true, DType::BF16, "bf16 wgmma 7 blocks a tile + bias"},
       {WeightFormat::Dense, DType::BF16, 5, 576, 64, false, DType::BF16, "bf16 wgmma one chunk of K"},
-      {WeightFormat::Dense, DType::BF16, 33, 512, 2048, false, DType::BF16, "bf16 cuBLASLt 33 tokens"},
+      {WeightFormat::Dense, DType::BF16, 24, 512, 2048, false, DType::BF16, "bf16 cuBLASLt 24 tokens"},
       {WeightFormat::Dense, DType::BF16, 12, 256, 2048, false, DType::F32, "bf16 cuBLASLt router 12 tokens"},
       {WeightFormat::Dense, DType::BF16, 300, 1024, 2048, true, DType::BF16, "bf16 cuBLASLt prefill + bias"},
       {WeightFormat::Dense, DType::BF16, 17, 11, 37, true, DType::BF16, "bf16 odd sizes"},
@@ -297,21 +297,25 @@ TEST_F(BackendParity, FewTokenLinearIsTheSameInAnyBatchOfUpTo8) {
   }
 }
 
-TEST_F(BackendParity, SkinnyLinearIsTheSameInAnyBatchOf2To32) {
-  // The same for the wgmma skinny kernel (512 rows and more, 2-32 tokens): tokens padded to 16
-  // or 32, K in one block (n_in 512) or shared by 2 or 7.
+TEST_F(BackendParity, SkinnyLinearsAreTheSameInAnyBatch) {
+  // The same for the wgmma skinny kernel (512 rows and more; two parts in one launch, so 2-64
+  // tokens): tokens padded to 16, 32 or 64, K in one block (n_in 512) or shared by 2 or 7.
   for (const int64_t n_in : {512, 2048, 7168}) {
-    HostLinear h = host_linear(WeightFormat::Dense, DType::BF16, 640, n_in, true);
-    const auto x = randn(32 * n_in);
-    const LinearWeight w = gpu->b->upload(h.view);
-    std::vector<float> first2;
-    for (int64_t t : {2, 9, 24, 32}) {
-      const TensorView o = gpu->out({t, 640}, DType::BF16);
-      gpu->b->linear(gpu->ctx, gpu->act(std::vector<float>(x.begin(), x.begin() + t * n_in), {t, n_in}), w, o);
-      const std::vector<float> all = gpu->read(o);
-      const std::vector<float> head(all.begin(), all.begin() + 2 * 640);
-      if (t == 2) first2 = head;
-      EXPECT_EQ(head, first2) << "n_in " << n_in << ": tokens 0-1 of " << t;
+    HostLinear ha = host_linear(WeightFormat::Dense, DType::BF16, 640, n_in, true);
+    HostLinear hb = host_linear(WeightFormat::Dense, DType::BF16, 72, n_in, false);
+    const auto x = randn(64 * n_in);
+    const LinearWeight wa = gpu->b->upload(ha.view), wb = gpu->b->upload(hb.view);
+    std::vector<float> first2[2];
+    for (int64_t t : {2, 9, 24, 40, 64}) {
+      const TensorView a = gpu->out({t, 640}, DType::BF16), b = gpu->out({t, 72}, DType::BF16);
+      const LinearPart parts[] = {{&wa, a}, {&wb, b}};
+      gpu->b->linears(gpu->ctx, gpu->act(std::vector<float>(x.begin(), x.begin() + t * n_in), {t, n_in}), parts);
+      for (int i = 0; i < 2; ++i) {
+        const std::vector<float> all = gpu->read(parts[i].out);
+        const std::vector<float> head(all.begin(), all.begin() + 2 * parts[i].out.dim(1));
+        if (t == 2) first2[i] = head;
+        EXPECT_EQ(head, first2[i]) << "n_in " << n_in << ", part " << i << ": tokens 0-1 of " << t;
+      }
     }
   }
 }

@@ -8,7 +8,7 @@ namespace tetra::ops::cuda {
 namespace {
 constexpr int64_t kFewRows = 512;
 constexpr int64_t kLargeWeightBytes = int64_t(48) << 20;
-constexpr int64_t kSkinnyMaxTokensAlone = 32;
+constexpr int64_t kSkinnyMaxTokensAlone = 16;
 }  // namespace
 
 DenseLinearPath dense_linear_path(int64_t tokens, std::span<const LinearPart> parts) {

@@ -7,8 +7,9 @@
 //     too few blocks there;
 //   - 48 MB of weights or more (GLM-5's q_b and o_proj, lm_heads): cuBLASLt, which streams them
 //     at 82-96% from 2 tokens where the skinny kernel reaches 60-75%;
-//   - otherwise the skinny kernel up to 32 tokens (q/k/v 2.2x cuBLASLt's three launches,
-//     o_proj 1.2x), and up to 64 when the launch has several parts; cuBLASLt above.
+//   - otherwise the skinny kernel: up to 16 tokens for one linear (o_proj 1.2x cuBLASLt; at
+//     32 cuBLASLt is 10% ahead), up to 64 for several in one launch, which cuBLASLt runs one
+//     launch each (q/k/v: 2.3x at 8-16 tokens, 1.5x at 64); cuBLASLt above.
 // A path that does not take the launch (another dtype, an odd width) falls through to cuBLASLt.
 #pragma once
 
