@@ -20,7 +20,9 @@ constexpr int kThreads = 128;                // one warpgroup
 constexpr int kRows = 64;                   // W rows a block: wgmma's M
 constexpr int kChunk = 64;                  // K values a stage: one 128-byte swizzle row
 constexpr int kWTileBytes = kRows * 128;    // W's 64 rows of one chunk
-constexpr int kMaxSplit = 8;                // the portable cluster size
+// Clusters of up to 6 blocks: 7 and 8 (the portable limit) measured 15-25% slower at GLM-5's
+// q_a + kv_a (n_in 6144) than 6, with 2 and 3 blocks an SM (docs/PERF.md).
+constexpr int kMaxSplit = 6;
 constexpr int kChunksPerBlock = 11;         // about 88 KB of W a block
 // Three blocks an SM (an SM has 228 KB, of which the driver keeps 1 KB a block). Against one
 // block with a 22-deep ring or two with 11, three and four measured fastest (docs/PERF.md):

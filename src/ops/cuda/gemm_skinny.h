@@ -20,7 +20,7 @@ namespace tetra::ops::cuda {
 
 constexpr int64_t kSkinnyMaxTokens = 64;
 
-// Blocks that share one 64-row tile's K for an input width of n_in (1..8).
+// Blocks that share one 64-row tile's K for an input width of n_in (1..6).
 int skinny_split(int64_t n_in);
 
 // Runs the linears of x (up to 4, one input width, one output dtype) in one launch and returns
