@@ -27,6 +27,19 @@ namespace {
   return out;
 }
 
+// --tokens: comma-separated integers (the benchmark checks their range).
+[[maybe_unused]] std::vector<int> token_counts(const std::string& s) {
+  std::vector<int> out;
+  for (const std::string& t : split_list(s)) {
+    try {
+      out.push_back(std::stoi(t));
+    } catch (const std::exception&) {
+      fail("--tokens takes comma-separated integers, not '", t, "'");
+    }
+  }
+  return out;
+}
+
 int bench_moe(int argc, char** argv) {
   CLI::App app{"The NVFP4 MoE layer on the GPU against BF16 weights through cuBLAS, per token count.",
                "tetra bench moe"};
@@ -58,14 +71,7 @@ int bench_moe(int argc, char** argv) {
 #ifdef TETRA_HAVE_BENCH_MOE
   bench::MoeBenchOptions opt;
   opt.shapes = split_list(shapes);
-  opt.tokens.clear();
-  for (const std::string& t : split_list(tokens)) {
-    try {
-      opt.tokens.push_back(std::stoi(t));
-    } catch (const std::exception&) {
-      fail("--tokens takes comma-separated integers, not '", t, "'");
-    }
-  }
+  opt.tokens = token_counts(tokens);
   opt.routings = split_list(routing);
   opt.iters = iters;
   opt.tile_tokens = fused ? 8 : tile;
@@ -104,14 +110,7 @@ int bench_linear(int argc, char** argv) {
 #ifdef TETRA_HAVE_BENCH_MOE
   bench::LinearBenchOptions opt;
   opt.shapes = split_list(shapes);
-  opt.tokens.clear();
-  for (const std::string& t : split_list(tokens)) {
-    try {
-      opt.tokens.push_back(std::stoi(t));
-    } catch (const std::exception&) {
-      fail("--tokens takes comma-separated integers, not '", t, "'");
-    }
-  }
+  opt.tokens = token_counts(tokens);
   opt.iters = iters;
   opt.json = json;
   return bench::run_linear_bench(opt);
