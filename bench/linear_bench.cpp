@@ -209,14 +209,15 @@ std::vector<std::string> linear_bench_shapes() {
 }
 
 int run_linear_bench(const LinearBenchOptions& opt) {
+  for (const std::string& s : opt.shapes) find_shape(s);
+  TETRA_CHECK(!opt.tokens.empty(), "no token counts to measure");
+  for (int t : opt.tokens) TETRA_CHECK(t >= 1 && t <= 4096, "token counts must be in 1..4096");
+  // After the flags, so that a bad one is named even on a machine without a GPU.
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
     std::fprintf(stderr, "tetra bench linear: no CUDA device is visible\n");
     return 1;
   }
-  for (const std::string& s : opt.shapes) find_shape(s);
-  TETRA_CHECK(!opt.tokens.empty(), "no token counts to measure");
-  for (int t : opt.tokens) TETRA_CHECK(t >= 1 && t <= 4096, "token counts must be in 1..4096");
   cudaDeviceProp p{};
   TETRA_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
   const ops::DeviceProps props{p.name, p.multiProcessorCount, p.l2CacheSize, int64_t(p.sharedMemPerBlockOptin),

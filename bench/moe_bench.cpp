@@ -331,17 +331,18 @@ std::vector<std::string> moe_bench_shapes() {
 }
 
 int run_moe_bench(const MoeBenchOptions& opt) {
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-    std::fprintf(stderr, "tetra bench moe: no CUDA device is visible\n");
-    return 1;
-  }
   for (const std::string& s : opt.shapes) find_shape(s);
   TETRA_CHECK(!opt.tokens.empty(), "no token counts to measure");
   for (int t : opt.tokens) TETRA_CHECK(t >= 1 && t <= 65536, "token counts must be in 1..65536");
   for (const std::string& r : opt.routings)
     TETRA_CHECK(r == "uniform" || r == "skewed", "routing must be uniform or skewed, not '", r, "'");
 
+  // After the flags, so that a bad one is named even on a machine without a GPU.
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+    std::fprintf(stderr, "tetra bench moe: no CUDA device is visible\n");
+    return 1;
+  }
   cudaDeviceProp p{};
   TETRA_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
   ops::DeviceProps props{p.name, p.multiProcessorCount, p.l2CacheSize,

@@ -19,7 +19,7 @@
 namespace tetra::cli {
 namespace {
 
-[[maybe_unused]] std::vector<std::string> split_list(const std::string& s) {  // unused without CUDA
+std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream in(s);
   for (std::string item; std::getline(in, item, ',');)
@@ -28,7 +28,7 @@ namespace {
 }
 
 // --tokens: comma-separated integers (the benchmark checks their range).
-[[maybe_unused]] std::vector<int> token_counts(const std::string& s) {
+std::vector<int> token_counts(const std::string& s) {
   std::vector<int> out;
   for (const std::string& t : split_list(s)) {
     try {
@@ -68,10 +68,11 @@ int bench_moe(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  const std::vector<int> token_list = token_counts(tokens);  // a bad list is named in any build
 #ifdef TETRA_HAVE_BENCH_MOE
   bench::MoeBenchOptions opt;
   opt.shapes = split_list(shapes);
-  opt.tokens = token_counts(tokens);
+  opt.tokens = token_list;
   opt.routings = split_list(routing);
   opt.iters = iters;
   opt.tile_tokens = fused ? 8 : tile;
@@ -84,7 +85,7 @@ int bench_moe(int argc, char** argv) {
   opt.tune_cache = moe_tune_cache_path();
   return bench::run_moe_bench(opt);
 #else
-  (void)verbose;
+  (void)verbose, (void)token_list;
   std::fprintf(stderr, "tetra bench moe: this build has no CUDA backend; rebuild with -DTETRA_CUDA=ON\n");
   return 1;
 #endif
@@ -107,15 +108,16 @@ int bench_linear(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  const std::vector<int> token_list = token_counts(tokens);  // a bad list is named in any build
 #ifdef TETRA_HAVE_BENCH_MOE
   bench::LinearBenchOptions opt;
   opt.shapes = split_list(shapes);
-  opt.tokens = token_counts(tokens);
+  opt.tokens = token_list;
   opt.iters = iters;
   opt.json = json;
   return bench::run_linear_bench(opt);
 #else
-  (void)json;
+  (void)json, (void)token_list;
   std::fprintf(stderr, "tetra bench linear: this build has no CUDA backend; rebuild with -DTETRA_CUDA=ON\n");
   return 1;
 #endif

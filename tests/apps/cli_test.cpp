@@ -176,6 +176,12 @@ TEST(Cli, BadFlags) {
   EXPECT_EQ(run_cli("frobnicate").exit_code, 2);
 }
 
+TEST(Cli, KernelBenchesNameABadTokenList) {
+  // Checked before the build's CUDA or the machine's GPU is asked for.
+  for (const char* args : {"bench moe --tokens 8,x", "bench linear --tokens 8,x"})
+    expect_clear_error(run_cli(args), "--tokens");
+}
+
 TEST(Cli, PromptIdOutsideVocabulary) {
   expect_clear_error(run_cli("generate --model " + kFixture.string() + " --prompt-ids 1,99999999"),
                      "99999999");
