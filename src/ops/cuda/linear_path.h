@@ -5,7 +5,7 @@
 //   - 1 token: the GEMV streams every shape at 63-107% of the read ceiling;
 //   - under 512 rows (routers): the GEMV up to 8 tokens, then cuBLASLt: the skinny kernel has
 //     too few blocks there;
-//   - 48 MB of weights or more (GLM-5's q_b and o_proj, lm_heads): cuBLASLt, which streams them
+//   - 48 MiB of weights or more (GLM-5's q_b and o_proj, lm_heads): cuBLASLt, which streams them
 //     at 82-96% from 2 tokens where the skinny kernel reaches 60-75%;
 //   - otherwise the skinny kernel: up to 16 tokens for one linear (o_proj 1.2x cuBLASLt; at
 //     32 cuBLASLt is 10% ahead), up to 64 for several in one launch, which cuBLASLt runs one
