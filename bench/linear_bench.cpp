@@ -52,12 +52,18 @@ const ShapeSpec kShapes[] = {
       {"o_proj", {6144}, 16384, DType::BF16},
       {"router", {256}, 6144, DType::F32},
       {"lm_head", {154880}, 6144, DType::F32}}},
+    {"deepseek-v3",
+     {{"q_a+kv_a", {1536, 576}, 7168, DType::BF16},
+      {"q_b", {24576}, 1536, DType::BF16},
+      {"o_proj", {7168}, 16384, DType::BF16},
+      {"router", {256}, 7168, DType::F32},
+      {"lm_head", {129280}, 7168, DType::F32}}},
 };
 
 const ShapeSpec& find_shape(const std::string& name) {
   for (const ShapeSpec& s : kShapes)
     if (name == s.name) return s;
-  fail("unknown linear shape '", name, "' (known: qwen3-30b, glm5)");
+  fail("unknown linear shape '", name, "' (known: qwen3-30b, glm5, deepseek-v3)");
 }
 
 enum class Path { Gemv, Skinny, CuBlasLt };

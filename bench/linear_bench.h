@@ -1,8 +1,9 @@
-// `tetra bench linear`: a model's dense BF16 decode linears (q/k/v in one launch, o_proj, the
-// router, lm_head) on the GPU at a few tokens, through each kernel that takes them: the GEMV
-// (1-8 tokens), the wgmma skinny kernel (9-64) and cuBLASLt (any). Each is timed as the step
-// runs it: a CUDA graph of launches over as many copies of the weights as keep L2 from
-// serving them, with PDL where the kernel has it.
+// `tetra bench linear`: a model's dense BF16 decode linears (q/k/v in one launch, or MLA's q_a
+// and kv_a; q_b, o_proj, the router, lm_head) on the GPU at a few tokens, through each kernel
+// that takes them: the GEMV (1-8 tokens), the wgmma skinny kernel (1-64) and cuBLASLt (any).
+// Each is timed as the step runs it: a CUDA graph of launches over as many copies of the
+// weights as keep L2 from serving them, with PDL where the kernel has it. The path the engine
+// takes (ops/cuda/linear_path.h) is marked.
 #pragma once
 
 #include <string>

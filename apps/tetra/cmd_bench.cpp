@@ -99,7 +99,7 @@ int bench_linear(int argc, char** argv) {
   std::string shapes = "qwen3-30b", tokens = "1,8,9,16,32,64,128";
   int iters = 30;
   bool json = false;
-  app.add_option("--shape", shapes, "comma-separated shapes: qwen3-30b, glm5");
+  app.add_option("--shape", shapes, "comma-separated shapes: qwen3-30b, glm5, deepseek-v3");
   app.add_option("--tokens", tokens, "comma-separated token counts (1..4096)");
   app.add_option("--iters", iters, "timed graph replays per measurement")->check(CLI::Range(1, 10000));
   app.add_flag("--json", json, "print one JSON object on stdout");
