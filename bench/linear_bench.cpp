@@ -118,7 +118,7 @@ void print_row(const Row& r) {
   const double s = r.st.median_us * 1e-6;
   char speedup[16] = "-";
   if (r.cublaslt_us > 0) std::snprintf(speedup, sizeof speedup, "%.2fx", r.cublaslt_us / r.st.median_us);
-  std::printf("%-10s %-9s %4d %-13s%s %9.2f %9.2f %9.2f %8.0f %6.1f%% %8s %10.2e %4d\n", r.shape.c_str(),
+  std::printf("%-11s %-9s %4d %-13s%s %9.2f %9.2f %9.2f %8.0f %6.1f%% %8s %10.2e %4d\n", r.shape.c_str(),
               r.linear.c_str(), r.tokens, r.path.c_str(), r.picked ? "*" : " ", r.st.median_us, r.st.min_us, r.st.max_us,
               r.bytes / s * 1e-9, 100.0 * r.bytes / kBytesPerSecond / s, speedup, r.max_rel, r.copies);
 }
@@ -236,7 +236,7 @@ int run_linear_bench(const LinearBenchOptions& opt) {
                 "replays over weight copies, median of %d; %%ceil against %.2f TB/s; maxrel: max |out - "
                 "cuBLASLt's| / max |cuBLASLt's|; * the path the engine takes\n",
                 props.name.c_str(), props.sm_count, opt.iters, kBytesPerSecond / 1e12);
-    std::printf("%-10s %-9s %4s %-14s %9s %9s %9s %8s %7s %8s %10s %4s\n", "shape", "linear", "T", "path", "us(med)",
+    std::printf("%-11s %-9s %4s %-14s %9s %9s %9s %8s %7s %8s %10s %4s\n", "shape", "linear", "T", "path", "us(med)",
                 "us(min)", "us(max)", "GB/s", "%ceil", "speedup", "maxrel", "cps");
   }
   try {
