@@ -16,7 +16,7 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kThreads = 128;                // one warpgroup
+constexpr int kThreads = 128;               // one warpgroup
 constexpr int kRows = 64;                   // W rows a block: wgmma's M
 constexpr int kChunk = 64;                  // K values a stage: one 128-byte swizzle row
 constexpr int kWTileBytes = kRows * 128;    // W's 64 rows of one chunk
@@ -25,9 +25,9 @@ constexpr int kWTileBytes = kRows * 128;    // W's 64 rows of one chunk
 constexpr int kMaxSplit = 6;
 constexpr int kChunksPerBlock = 11;         // about 88 KB of W a block
 // Three blocks an SM (an SM has 228 KB, of which the driver keeps 1 KB a block). Against one
-// block with a 22-deep ring or two with 11, three and four measured fastest (docs/PERF.md):
-// a block's loop waits on its MMAs and a barrier each chunk, so blocks side by side overlap
-// what one block serializes.
+// block with a 13-22 deep ring or two with 6-11, three and four measured fastest (docs/PERF.md):
+// a block's loop stops at a barrier each chunk (its MMAs left in flight across it did not
+// help), so blocks side by side overlap what one block serializes.
 constexpr int kBlocksPerSm = 3;
 constexpr int kSmemBudget = 74 * 1024;
 
@@ -55,9 +55,6 @@ struct SkinnyParams {
   int n_tokens, n_in, split;
   DType odt;
 };
-
-// Byte offset of 16-byte unit u of row r in a 128-byte swizzled tile (wgmma.cuh's layout).
-__device__ __forceinline__ uint32_t tile_offset(int r, int u) { return uint32_t(r * 128 + ((u ^ (r & 7)) << 4)); }
 
 // Block (tile, rank): rows n0..n0+63 of its part against chunks [c_begin, c_begin + n_chunks)
 // of K. Stage s holds W's tile (row-major W is K-major A) and x's (token rows, K-major B).
@@ -98,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) skinny_kernel(const Sk
     const int q = tid + kThreads * i, r = q >> 3, u = q & 7;
     wvalid[i] = n0 + r < part.n_out;  // rows past n_out load zeros
     wsrc[i] = wvalid[i] ? part.w + int64_t(n0 + r) * p.n_in + int64_t(c_begin) * kChunk + u * 8 : part.w;
-    wdst[i] = tile_offset(r, u);
+    wdst[i] = wgmma::swizzled(r, u);
   }
   const auto load_w = [&](int c) {
     const uint32_t stage = smem + (c % S::kStages) * S::kStageBytes;
@@ -110,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) skinny_kernel(const Sk
 #pragma unroll
     for (int i = 0; i < (kN * 8 + kThreads - 1) / kThreads; ++i) {
       const int q = tid + kThreads * i, r = q >> 3, u = q & 7;
-      if (r < T) cp_async_16(stage + tile_offset(r, u), p.x + int64_t(r) * p.n_in + (c_begin + c) * kChunk + u * 8, true);
+      if (r < T) cp_async_16(stage + wgmma::swizzled(r, u), p.x + int64_t(r) * p.n_in + (c_begin + c) * kChunk + u * 8, true);
     }
   };
 
