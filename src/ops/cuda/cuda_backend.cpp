@@ -18,6 +18,7 @@
 #include "ops/cuda/attention_mla.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_memory.h"
+#include "ops/cuda/device_props.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/gemm_dense.h"
 #include "ops/cuda/gemm_skinny.h"
@@ -109,20 +110,13 @@ class CudaBackend final : public Backend {
     TETRA_CHECK(kv_dtype_ == DType::BF16 || kv_dtype_ == DType::F8_E4M3, "the CUDA backend's KV cache is BF16 or ",
                 "F8_E4M3, not ", dtype_name(kv_dtype_));
     TETRA_CUDA_CHECK(cudaSetDevice(device_));
-    cudaDeviceProp p{};
-    TETRA_CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
-    props_.name = p.name;
-    props_.sm_count = p.multiProcessorCount;
-    props_.l2_bytes = p.l2CacheSize;
-    props_.max_smem_per_block = int64_t(p.sharedMemPerBlockOptin);
-    props_.cc_major = p.major;
-    props_.cc_minor = p.minor;
-    TETRA_CHECK(p.major == 9 && p.minor == 0, "the CUDA backend is built for Hopper (sm_90a); ", p.name,
-                " is compute capability ", p.major, ".", p.minor);
+    props_ = device_props(device_);
+    TETRA_CHECK(props_.cc_major == 9 && props_.cc_minor == 0, "the CUDA backend is built for Hopper (sm_90a); ",
+                props_.name, " is compute capability ", props_.cc_major, ".", props_.cc_minor);
     TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     ctx_.stream = stream_;
     ctx_.props = &props_;
-    ctx_.pdl = o.pdl && p.major >= 9;  // griddepcontrol is sm_90's
+    ctx_.pdl = o.pdl && props_.cc_major >= 9;  // griddepcontrol is sm_90's
     gemm_ = std::make_unique<DenseGemm>();
   }
   ~CudaBackend() override {
@@ -225,11 +219,8 @@ class CudaBackend final : public Backend {
     cuda::layer_norm(kernel_launch(ctx), x, weight, bias, eps, out);
   }
   void linear(const Context& ctx, TensorView x, const LinearWeight& w, TensorView out) override {
-    check_device(x, "linear", "x");
-    check_device(w.weight, "linear", "the weight");
-    TETRA_CHECK(x.dim(-1) == w.n_in && out.dim(-1) == w.n_out, "linear: input width ", x.dim(-1),
-                " and output width ", out.dim(-1), " do not match a weight of ", w.n_out, "x", w.n_in);
     const LinearPart part{&w, out};
+    check_linear(x, part);
     if (dense_kernel(ctx, x, {&part, 1})) return;
     if (gemm_->linear(stream_of(ctx), x, w, out)) {
       if (!w.bias.empty()) cuda::add_bias(kernel_launch(ctx), out, w.bias);
@@ -238,6 +229,7 @@ class CudaBackend final : public Backend {
     linear_general(kernel_launch(ctx), x, w, out);
   }
   void linears(const Context& ctx, TensorView x, std::span<const LinearPart> parts) override {
+    for (const LinearPart& p : parts) check_linear(x, p);
     if (dense_kernel(ctx, x, parts)) return;
     for (const LinearPart& p : parts) linear(ctx, x, *p.weight, p.out);
   }
@@ -312,6 +304,14 @@ class CudaBackend final : public Backend {
               TensorView penalty_counts, TensorView out) override;
 
  private:
+  // Before any kernel of linear or linears touches memory.
+  static void check_linear(TensorView x, const LinearPart& p) {
+    const LinearWeight& w = *p.weight;
+    check_device(x, "linear", "x");
+    check_device(w.weight, "linear", "the weight");
+    TETRA_CHECK(x.dim(-1) == w.n_in && p.out.dim(-1) == w.n_out, "linear: input width ", x.dim(-1),
+                " and output width ", p.out.dim(-1), " do not match a weight of ", w.n_out, "x", w.n_in);
+  }
   // The GEMV or the wgmma skinny kernel, where dense_linear_path picks one and it takes the
   // launch; false leaves the launch to cuBLASLt.
   bool dense_kernel(const Context& ctx, TensorView x, std::span<const LinearPart> parts) {
