@@ -28,6 +28,15 @@ struct DeviceMem {
   T* as() const { return static_cast<T*>(p); }
 };
 
+// A non-blocking stream that destroys itself.
+struct BenchStream {
+  cudaStream_t s = nullptr;
+  BenchStream() { TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~BenchStream() { cudaStreamDestroy(s); }
+  BenchStream(const BenchStream&) = delete;
+  BenchStream& operator=(const BenchStream&) = delete;
+};
+
 // Host -> device on the benchmark's stream, complete on return (ops/cuda/cuda_check.h).
 inline void upload(cudaStream_t stream, void* dst, const void* src, size_t bytes) {
   ops::cuda::copy_and_wait(stream, dst, src, bytes, cudaMemcpyHostToDevice);

@@ -8,14 +8,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "bench/graph_timing.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/elementwise.h"
+#include "ops/cuda/device_props.h"
 #include "ops/cuda/gemm_dense.h"
 #include "ops/cuda/gemm_skinny.h"
 #include "ops/cuda/gemv.h"
@@ -66,10 +67,12 @@ const ShapeSpec& find_shape(const std::string& name) {
   fail("unknown linear shape '", name, "' (known: qwen3-30b, glm5, deepseek-v3)");
 }
 
-enum class Path { Gemv, Skinny, CuBlasLt };
-const char* path_name(Path p) { return p == Path::Gemv ? "gemv" : p == Path::Skinny ? "wgmma-skinny" : "cublaslt"; }
+using ops::cuda::DenseLinearPath;
+const char* path_name(DenseLinearPath p) {
+  return p == DenseLinearPath::Gemv ? "gemv" : p == DenseLinearPath::Skinny ? "wgmma-skinny" : "cublaslt";
+}
 
-// One copy of a launch's weights and the outputs every copy writes.
+// One copy of a launch's weights.
 struct Copy {
   std::vector<std::unique_ptr<DeviceMem>> w;
   std::vector<ops::LinearWeight> views;
@@ -77,13 +80,14 @@ struct Copy {
 
 TensorView device_view(void* p, DType dt, Shape shape) { return TensorView{p, dt, std::move(shape), Device::Cuda}; }
 
-// Enqueues the launch through `path`; false when that path does not take it (nothing runs).
-bool enqueue(Path path, const ops::cuda::KernelLaunch& launch, ops::cuda::DenseGemm& gemm, TensorView x,
+// Enqueues the launch through `path` (Library: cuBLASLt); false when that path does not take
+// it (nothing runs).
+bool enqueue(DenseLinearPath path, const ops::cuda::KernelLaunch& launch, ops::cuda::DenseGemm& gemm, TensorView x,
              const std::vector<ops::LinearPart>& parts) {
   switch (path) {
-    case Path::Gemv: return ops::cuda::gemv_bf16(launch, x, parts);
-    case Path::Skinny: return ops::cuda::gemm_skinny_bf16(launch, x, parts);
-    case Path::CuBlasLt:
+    case DenseLinearPath::Gemv: return ops::cuda::gemv_bf16(launch, x, parts);
+    case DenseLinearPath::Skinny: return ops::cuda::gemm_skinny_bf16(launch, x, parts);
+    case DenseLinearPath::Library:
       for (const ops::LinearPart& p : parts)
         if (!gemm.linear(launch.stream, x, *p.weight, p.out)) return false;
       return true;
@@ -98,10 +102,7 @@ std::vector<float> read_floats(TensorView t) {
   } else {
     std::vector<uint16_t> h(out.size());
     TETRA_CUDA_CHECK(cudaMemcpy(h.data(), t.data, h.size() * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < h.size(); ++i) {
-      const uint32_t bits = uint32_t(h[i]) << 16;
-      std::memcpy(&out[i], &bits, 4);
-    }
+    for (size_t i = 0; i < h.size(); ++i) out[i] = bf16_to_f32(h[i]);
   }
   return out;
 }
@@ -161,24 +162,24 @@ void bench_shape(const ShapeSpec& spec, const LinearBenchOptions& opt, const ops
       };
       double bytes = double(w_bytes) + double(T) * lin.n_in * 2;
       for (int64_t n : lin.n_out) bytes += double(T) * n * (lin.out == DType::F32 ? 4 : 2);
+      const DenseLinearPath engine = ops::cuda::dense_linear_path(T, parts_of(0));
       std::vector<float> reference;  // cuBLASLt's outputs of copy 0, every part in turn
-      double cublaslt_us = 0;
-      for (const Path path : {Path::CuBlasLt, Path::Gemv, Path::Skinny}) {
+      double reference_scale = 0, cublaslt_us = 0;
+      for (const DenseLinearPath path : {DenseLinearPath::Library, DenseLinearPath::Gemv, DenseLinearPath::Skinny}) {
         if (!enqueue(path, launch, gemm, x, parts_of(0))) continue;  // also warms cuBLASLt's plan
+        TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
         std::vector<float> got;
         for (size_t i = 0; i < lin.n_out.size(); ++i) {
-          TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
           const std::vector<float> part = read_floats(device_view(outs[i]->p, lin.out, {T, lin.n_out[i]}));
           got.insert(got.end(), part.begin(), part.end());
         }
         double max_rel = 0;
-        if (path == Path::CuBlasLt) {
+        if (path == DenseLinearPath::Library) {
           reference = got;
+          for (float v : reference) reference_scale = std::max(reference_scale, double(std::fabs(v)));
         } else {
-          double scale = 0;
-          for (float v : reference) scale = std::max(scale, double(std::fabs(v)));
           for (size_t i = 0; i < got.size(); ++i)
-            max_rel = std::max(max_rel, std::fabs(double(got[i]) - reference[i]) / std::max(scale, 1e-30));
+            max_rel = std::max(max_rel, std::fabs(double(got[i]) - reference[i]) / std::max(reference_scale, 1e-30));
         }
         std::vector<std::unique_ptr<Graph>> graphs;
         graphs.push_back(capture(stream, [&] {
@@ -186,13 +187,9 @@ void bench_shape(const ShapeSpec& spec, const LinearBenchOptions& opt, const ops
         }));
         Stats st = time_graphs(stream, graphs, opt.iters);
         st.median_us /= copies, st.min_us /= copies, st.max_us /= copies;
-        if (path == Path::CuBlasLt) cublaslt_us = st.median_us;
-        const ops::cuda::DenseLinearPath picked = ops::cuda::dense_linear_path(T, parts_of(0));
-        const Path engine = picked == ops::cuda::DenseLinearPath::Gemv     ? Path::Gemv
-                            : picked == ops::cuda::DenseLinearPath::Skinny ? Path::Skinny
-                                                                           : Path::CuBlasLt;
+        if (path == DenseLinearPath::Library) cublaslt_us = st.median_us;
         Row r{spec.name, lin.name, path_name(path), path == engine, T, copies, st, bytes,
-              path == Path::CuBlasLt ? 0.0 : cublaslt_us, max_rel};
+              path == DenseLinearPath::Library ? 0.0 : cublaslt_us, max_rel};
         if (opt.json)
           rows.push_back({{"shape", r.shape}, {"linear", r.linear}, {"tokens", T}, {"path", r.path},
                           {"median_us", st.median_us}, {"min_us", st.min_us}, {"max_us", st.max_us},
@@ -208,12 +205,6 @@ void bench_shape(const ShapeSpec& spec, const LinearBenchOptions& opt, const ops
 
 }  // namespace
 
-std::vector<std::string> linear_bench_shapes() {
-  std::vector<std::string> out;
-  for (const ShapeSpec& s : kShapes) out.push_back(s.name);
-  return out;
-}
-
 int run_linear_bench(const LinearBenchOptions& opt) {
   for (const std::string& s : opt.shapes) find_shape(s);
   TETRA_CHECK(!opt.tokens.empty(), "no token counts to measure");
@@ -224,12 +215,8 @@ int run_linear_bench(const LinearBenchOptions& opt) {
     std::fprintf(stderr, "tetra bench linear: no CUDA device is visible\n");
     return 1;
   }
-  cudaDeviceProp p{};
-  TETRA_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
-  const ops::DeviceProps props{p.name, p.multiProcessorCount, p.l2CacheSize, int64_t(p.sharedMemPerBlockOptin),
-                               p.major, p.minor};
-  cudaStream_t stream;
-  TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const ops::DeviceProps props = ops::cuda::device_props(0);
+  const BenchStream stream;
   nlohmann::json rows = nlohmann::json::array();
   if (!opt.json) {
     std::printf("tetra bench linear on %s (%d SMs): one launch of a step's linear (parts share x), CUDA graph "
@@ -239,14 +226,8 @@ int run_linear_bench(const LinearBenchOptions& opt) {
     std::printf("%-11s %-9s %4s %-14s %9s %9s %9s %8s %7s %8s %10s %4s\n", "shape", "linear", "T", "path", "us(med)",
                 "us(min)", "us(max)", "GB/s", "%ceil", "speedup", "maxrel", "cps");
   }
-  try {
-    ops::cuda::DenseGemm gemm;
-    for (const std::string& s : opt.shapes) bench_shape(find_shape(s), opt, props, stream, gemm, rows);
-  } catch (...) {
-    cudaStreamDestroy(stream);
-    throw;
-  }
-  cudaStreamDestroy(stream);
+  ops::cuda::DenseGemm gemm;
+  for (const std::string& s : opt.shapes) bench_shape(find_shape(s), opt, props, stream.s, gemm, rows);
   if (opt.json)
     std::printf("%s\n", nlohmann::json{{"bench", "linear"}, {"device", props.name}, {"rows", rows}}.dump(1).c_str());
   return 0;

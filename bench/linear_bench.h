@@ -18,9 +18,6 @@ struct LinearBenchOptions {
   bool json = false;
 };
 
-// The shape names `--shape` accepts.
-std::vector<std::string> linear_bench_shapes();
-
 // Runs the benchmark and prints a table (or one JSON object) on stdout. Returns the exit code.
 int run_linear_bench(const LinearBenchOptions& options);
 

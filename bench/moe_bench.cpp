@@ -20,6 +20,7 @@
 #include "bench/moe_baseline.h"
 #include "bench/read_probe.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_props.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tune.h"
@@ -324,12 +325,6 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
 
 }  // namespace
 
-std::vector<std::string> moe_bench_shapes() {
-  std::vector<std::string> out;
-  for (const ShapeSpec& s : kShapes) out.push_back(s.name);
-  return out;
-}
-
 int run_moe_bench(const MoeBenchOptions& opt) {
   for (const std::string& s : opt.shapes) find_shape(s);
   TETRA_CHECK(!opt.tokens.empty(), "no token counts to measure");
@@ -343,12 +338,9 @@ int run_moe_bench(const MoeBenchOptions& opt) {
     std::fprintf(stderr, "tetra bench moe: no CUDA device is visible\n");
     return 1;
   }
-  cudaDeviceProp p{};
-  TETRA_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
-  ops::DeviceProps props{p.name, p.multiProcessorCount, p.l2CacheSize,
-                         int64_t(p.sharedMemPerBlockOptin), p.major, p.minor};
-  cudaStream_t stream;
-  TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const ops::DeviceProps props = ops::cuda::device_props(0);
+  const BenchStream bench_stream;
+  const cudaStream_t stream = bench_stream.s;
   cublasHandle_t cublas;
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) fail("cuBLAS could not be initialized");
   cublasSetStream(cublas, stream);
@@ -379,11 +371,9 @@ int run_moe_bench(const MoeBenchOptions& opt) {
     for (const std::string& s : opt.shapes) bench_shape(find_shape(s), opt, ctx, cublas, stream, rows);
   } catch (...) {
     cublasDestroy(cublas);
-    cudaStreamDestroy(stream);
     throw;
   }
   cublasDestroy(cublas);
-  cudaStreamDestroy(stream);
   if (opt.json)
     std::printf("%s\n", nlohmann::json{{"bench", "moe"},
                                        {"device", props.name},

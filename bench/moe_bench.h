@@ -22,9 +22,6 @@ struct MoeBenchOptions {
   std::string tune_cache;    // the MoE tuning cache file ("" keeps tunings in memory)
 };
 
-// The shape names `--shape` accepts.
-std::vector<std::string> moe_bench_shapes();
-
 // Runs the benchmark and prints a table (or one JSON object) on stdout. Returns the exit code.
 int run_moe_bench(const MoeBenchOptions& options);
 
