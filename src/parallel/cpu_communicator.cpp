@@ -1,62 +1,21 @@
 #include "parallel/cpu_communicator.h"
 
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <string>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "parallel/rank_barrier.h"
 
 namespace tetra::parallel {
 namespace {
 
-// What the ranks share: the buffers of the collective in progress and a reusable barrier.
+// What the ranks share: the barrier and the buffers of the collective in progress.
 struct Shared {
-  explicit Shared(int n) : n_ranks(n), sources(size_t(n)) {}
-
-  // Waits until every rank has arrived; the last to arrive runs `last` first. Throws once
-  // the group is aborted, whether this rank was waiting or came late.
-  template <typename F>
-  void barrier(F&& last) {
-    std::unique_lock<std::mutex> lock(mu);
-    check_aborted();
-    const uint64_t gen = generation;
-    if (++arrived == n_ranks) {
-      try {
-        last();
-      } catch (const std::exception& e) {
-        abort_locked(e.what());  // the others are waiting here
-        throw;
-      }
-      arrived = 0;
-      ++generation;
-      cv.notify_all();
-      return;
-    }
-    cv.wait(lock, [&] { return generation != gen || aborted; });
-    if (generation == gen) check_aborted();
-  }
-  void barrier() { barrier([] {}); }
-
-  void abort_locked(const std::string& why) {
-    if (aborted) return;
-    aborted = true;
-    reason = why;
-    cv.notify_all();
-  }
-
-  void check_aborted() const {
-    if (aborted) fail("a collective was abandoned: ", reason);
-  }
+  explicit Shared(int n) : n_ranks(n), barrier(n), sources(size_t(n)) {}
 
   const int n_ranks;
-  std::mutex mu;
-  std::condition_variable cv;
-  int arrived = 0;
-  uint64_t generation = 0;
-  bool aborted = false;
-  std::string reason;
+  RankBarrier barrier;
   // The collective in progress: each rank's input, its shape and dtype, and the result.
   std::vector<TensorView> sources;
   std::vector<float> sum;
@@ -75,7 +34,7 @@ class CpuCommunicator : public ops::Communicator {
     const int64_t n = x.numel();
     s_->sources[size_t(rank_)] = x;
     // Once every input is in place, one rank checks they agree and sizes the result.
-    s_->barrier([&] {
+    s_->barrier.wait([&] {
       for (const TensorView& t : s_->sources)
         TETRA_CHECK(t.numel() == n && t.dtype == x.dtype, "all_reduce_sum: the ranks' tensors differ (",
                     t.shape.str(), " ", dtype_name(t.dtype), " against ", x.shape.str(), " ",
@@ -90,7 +49,7 @@ class CpuCommunicator : public ops::Communicator {
       for (int r = 0; r < ranks; ++r) acc += load(s_->sources[size_t(r)], i);
       s_->sum[size_t(i)] = acc;
     }
-    s_->barrier();
+    s_->barrier.wait();
     // ... then each copies the whole sum into its own tensor. The next collective's first
     // barrier keeps `sum` until every rank has copied it.
     if (x.dtype == DType::F32) {
@@ -106,19 +65,18 @@ class CpuCommunicator : public ops::Communicator {
     TETRA_CHECK(out.dtype == x.dtype && out.numel() == x.numel() * ranks, "all_gather: out holds ",
                 out.numel(), " elements, not ", ranks, " x ", x.numel());
     s_->sources[size_t(rank_)] = x;
-    s_->barrier([&] {
+    s_->barrier.wait([&] {
       for (const TensorView& t : s_->sources)
         TETRA_CHECK(t.nbytes() == x.nbytes(), "all_gather: the ranks' tensors differ in size");
     });
     for (int r = 0; r < ranks; ++r)
       std::memcpy(static_cast<char*>(out.data) + r * x.nbytes(), s_->sources[size_t(r)].data,
                   size_t(x.nbytes()));
-    s_->barrier();  // no rank's input changes until every rank has read it
+    s_->barrier.wait();  // no rank's input changes until every rank has read it
   }
 
   void abort(const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(s_->mu);
-    s_->abort_locked(reason);
+    s_->barrier.abort(reason);
   }
 
  private:
