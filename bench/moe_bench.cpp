@@ -262,7 +262,7 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
         };
         r.stage_us["route"] = one([&] { ops::cuda::route(ctx, v_logits, rs, v_ids, v_w); });
         r.stage_us["permute"] = one([&] {
-          ops::cuda::launch_permute(ctx_launch, ids.as<int>(), T, k, E, ms.shared_expert, cfg.tile_tokens, sc);
+          ops::cuda::launch_permute(ctx_launch, ids.as<int>(), T, k, 0, E, ms.shared_expert, cfg.tile_tokens, sc);
         });
         r.stage_us["gate_up"] = per_layer([&](const ops::cuda::CudaMoeExperts& ex) {
           ops::cuda::launch_gate_up(ctx_launch, ex, x.as<uint16_t>(), sc, cfg.tile_tokens);

@@ -113,7 +113,8 @@ class MoeExperts {
   // Under expert parallelism a rank holds the layer's experts [first_expert, first_expert +
   // n_experts()); moe_experts takes the router's ids, and an id outside that range adds nothing.
   int64_t first_expert() const { return first_expert_; }
-  void set_first_expert(int64_t e) { first_expert_ = e; }
+  // Virtual for a backend whose experts object wraps the one its kernels read.
+  virtual void set_first_expert(int64_t e) { first_expert_ = e; }
 
  private:
   int64_t first_expert_ = 0;

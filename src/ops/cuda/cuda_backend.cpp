@@ -55,6 +55,10 @@ class LayerExperts final : public MoeExperts {
   LayerExperts(std::unique_ptr<MoeExperts> routed, std::optional<MlpWeights> separate_shared)
       : routed_(std::move(routed)), shared_(std::move(separate_shared)) {}
   int64_t n_experts() const override { return routed_->n_experts(); }
+  void set_first_expert(int64_t e) override {
+    MoeExperts::set_first_expert(e);
+    routed_->set_first_expert(e);  // the kernels read the routed experts' own
+  }
   const MoeExperts& routed() const { return *routed_; }
   const MlpWeights* separate_shared() const { return shared_ ? &*shared_ : nullptr; }
 

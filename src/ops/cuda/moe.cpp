@@ -130,7 +130,7 @@ void enqueue_layer(const KernelLaunch& launch, const CudaMoeExperts& ex, TensorV
     return launch_moe_decode(launch, ex, x.as<const uint16_t>(), ids.as<const int>(), weights.as<const float>(),
                              int(T), top_k, s, out.as<uint16_t>());
   const int tile_tokens = config.tile_tokens;
-  launch_permute(launch, ids.as<const int>(), int(T), top_k, ex.shape.n_experts,
+  launch_permute(launch, ids.as<const int>(), int(T), top_k, int(ex.first_expert()), ex.shape.n_experts,
                  ex.shape.shared_expert, tile_tokens, s);
   launch_gate_up(launch, ex, x.as<const uint16_t>(), s, tile_tokens);
   launch_down(launch, ex, s, tile_tokens);
@@ -217,7 +217,9 @@ int64_t check_moe_call(const Context& ctx, TensorView x, TensorView ids, TensorV
   check_view(ids, DType::I32, T, top_k, "expert ids");
   check_view(weights, DType::F32, T, top_k, "expert weights");
   check_view(out, DType::BF16, T, H, "out");
-  TETRA_CHECK(top_k >= 1 && top_k <= ex.shape.n_experts, "moe: top_k must be in 1..E");
+  // Not bounded by this object's experts: under expert parallelism a rank may hold fewer
+  // experts than a token picks.
+  TETRA_CHECK(top_k >= 1 && top_k <= kMaxTopK, "moe: top_k must be in 1..", kMaxTopK, ", not ", top_k);
   TETRA_CHECK(T * (top_k + 1) < (int64_t(1) << 31), "moe: too many tokens for one call");
   const int64_t need = moe_workspace_bytes(ex, T, top_k);
   TETRA_CHECK(T == 0 || (ctx.workspace.data && ctx.workspace.bytes >= need), "moe: the workspace holds ",

@@ -64,7 +64,7 @@ struct GeneralArgs {
   const float* global_scale;
   int64_t w13_bytes, w2_bytes, s13_bytes, s2_bytes;  // per expert
   int64_t hidden, inter;
-  int n_experts;
+  int first_expert, n_experts;
   bool shared, nvfp4, nvfp4_down;
   const uint16_t* x;
   const int* ids;
@@ -80,8 +80,7 @@ __device__ __forceinline__ int expert_of_row(const GeneralArgs& a, int64_t r, in
   const int64_t routed = int64_t(a.n_tokens) * a.top_k;
   if (r < routed) {
     *token = r / a.top_k;
-    const int e = a.ids[r];
-    return e >= 0 && e < a.n_experts ? e : -1;  // an id outside the layer contributes nothing
+    return moe_stored_expert(a.ids, int(*token), int(r % a.top_k), a.top_k, a.first_expert, a.n_experts);
   }
   *token = r - routed;
   return a.n_experts;
@@ -151,7 +150,7 @@ __global__ void general_combine_kernel(GeneralArgs a) {
       if (best_slot < 0) break;
       last_e = best_e, last_slot = best_slot;
       ++done;
-      if (best_e < 0 || best_e >= a.n_experts) continue;
+      if (best_e < a.first_expert || best_e - a.first_expert >= a.n_experts) continue;  // another rank's
       const int64_t r = t * a.top_k + best_slot;
       sum += a.y[r * a.hidden + j] * a.weights[r];
     }
@@ -237,6 +236,7 @@ void launch_moe_general(cudaStream_t stream, const CudaMoeExperts& ex, const uin
   a.s2_bytes = ex.w2_scale_expert_bytes();
   a.hidden = ex.shape.hidden;
   a.inter = ex.shape.intermediate;
+  a.first_expert = int(ex.first_expert());
   a.n_experts = ex.shape.n_experts;
   a.shared = ex.shape.shared_expert;
   a.nvfp4 = ex.format == WeightFormat::Nvfp4;

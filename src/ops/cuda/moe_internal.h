@@ -7,11 +7,15 @@
 #include <memory>
 #include <optional>
 
+#include "core/host_device.h"
 #include "ops/cuda/launch.h"
 #include "ops/cuda/moe.h"
 #include "ops/cuda/moe_tune.h"
 
 namespace tetra::ops::cuda {
+
+// The most experts a token picks (the router's warp keeps one a lane).
+inline constexpr int kMaxTopK = 32;
 
 // Rows of the weight matrices each k-chunk of the GEMM kernels covers: 4 lanes x 32 values.
 inline constexpr int kMoeChunkK = 128;
@@ -81,6 +85,17 @@ class CudaMoeExperts final : public MoeExperts {
   int64_t w2_scale_expert_bytes() const;
 };
 
+// The stored expert (0 .. E'-1) of slot j of token t: a routed id less first_expert, or
+// E for slot top_k (the shared expert, stored last). -1 for an id outside [first_expert,
+// first_expert + E): under expert parallelism another rank's expert (or a bad id), which adds
+// nothing, as on the CPU.
+TETRA_HOST_DEVICE inline int moe_stored_expert(const int* ids, int t, int j, int top_k, int first_expert,
+                                               int n_experts) {
+  if (j >= top_k) return n_experts;
+  const int e = ids[int64_t(t) * top_k + j] - first_expert;
+  return unsigned(e) < unsigned(n_experts) ? e : -1;
+}
+
 // One work item of the grouped GEMMs: up to tile_tokens rows of one expert.
 struct MoeWorkItem {
   int expert;
@@ -109,8 +124,9 @@ MoeScratch moe_scratch_carve(const CudaMoeExperts& ex, void* base, int64_t n_tok
 // that pdl_wait first (launch.cuh), so they may run with PDL. ----
 void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens, int n_experts,
                   const RoutingSpec& spec, const float* bias, int* ids, float* weights);
-void launch_permute(const KernelLaunch& launch, const int* ids, int n_tokens, int top_k, int n_experts,
-                    bool shared, int tile_tokens, const MoeScratch& s);
+// pos of a slot whose expert another rank holds is -1; the combine skips it.
+void launch_permute(const KernelLaunch& launch, const int* ids, int n_tokens, int top_k, int first_expert,
+                    int n_experts, bool shared, int tile_tokens, const MoeScratch& s);
 void launch_combine(const KernelLaunch& launch, const float* y, const int* pos, const float* weights,
                     int n_tokens, int top_k, bool shared, int hidden, uint16_t* out);
 

@@ -65,14 +65,15 @@ struct DecodeParams {
   uint16_t* h;  // bf16 [R, I]: silu(gate) * up, grouped rows
   float* y;     // f32 [R, H]: down projection, grouped rows
   MoeDecodeControl ctl;
-  int n_tokens, top_k, n_experts, hidden, inter;
+  int n_tokens, top_k, first_expert, n_experts, hidden, inter;
   bool shared;
 };
 
 struct DecodeShared {
   DecodeItem items[kMoeDecodeMaxItems];
   int row_token[kMoeDecodeMaxRows];  // token of each grouped row
-  int pos[kMoeDecodeMaxRows];        // grouped row of each (token, slot)
+  int pos[kMoeDecodeMaxRows];        // grouped row of each (token, slot); -1: another rank's expert
+  int n_slots[kMoeDecodeMaxTokens];  // slots of each token this rank computes
   int n_items;
   int next_unit;
 };
@@ -83,10 +84,8 @@ struct GroupScratch {
 };
 
 __device__ __forceinline__ int stored_expert(const DecodeParams& p, int r, int kk) {
-  const int t = r / kk, j = r - t * kk;
-  int e = j < p.top_k ? p.ids[int64_t(t) * p.top_k + j] : p.n_experts;
-  if (unsigned(e) >= unsigned(p.n_experts + (p.shared ? 1 : 0))) e = 0;  // bad ids must not corrupt memory
-  return e;
+  const int t = r / kk;
+  return moe_stored_expert(p.ids, t, r - t * kk, p.top_k, p.first_expert, p.n_experts);
 }
 
 // Warp 0: rows (t, j) grouped by expert, in (t, j) order within an expert; the same result in
@@ -107,6 +106,8 @@ __device__ void group_rows(const DecodeParams& p, DecodeShared& sm, GroupScratch
     if (e >= 0) {
       sm.pos[r] = c + before;  // rank within the expert; the offset is added below
       if (before == __popc(same) - 1) g.cnt[e] = c + __popc(same);
+    } else if (r < n_rows) {
+      sm.pos[r] = -1;
     }
     __syncwarp();
   }
@@ -117,10 +118,26 @@ __device__ void group_rows(const DecodeParams& p, DecodeShared& sm, GroupScratch
     for (int q = 0; q * kItemTokens < g.cnt[e]; ++q)
       sm.items[g.item_off[e] + q] = DecodeItem{e, g.off[e] + q * kItemTokens, min(kItemTokens, g.cnt[e] - q * kItemTokens)};
   for (int i = lane; i < n_rows; i += 32) {
-    const int row = g.off[stored_expert(p, i, kk)] + sm.pos[i];
+    const int e = stored_expert(p, i, kk);
+    if (e < 0) continue;
+    const int row = g.off[e] + sm.pos[i];
     sm.pos[i] = row;
     sm.row_token[row] = i / kk;
   }
+  __syncwarp();
+  for (int t = lane; t < p.n_tokens; t += 32) {
+    int n = 0;
+    for (int j = 0; j < kk; ++j) n += sm.pos[t * kk + j] >= 0;
+    sm.n_slots[t] = n;
+  }
+}
+
+// Block 0: the tokens none of whose slots this rank computes (expert parallelism) are zeros;
+// no down unit will combine them.
+__device__ void zero_tokens_without_slots(const DecodeParams& p, const DecodeShared& sm) {
+  for (int t = 0; t < p.n_tokens; ++t)
+    if (sm.n_slots[t] == 0)
+      for (int c = threadIdx.x; c < p.hidden; c += blockDim.x) p.out[int64_t(t) * p.hidden + c] = 0;
 }
 
 // A warp after writing y for one 32-column tile of an item: counts the item's tokens' tile done
@@ -133,7 +150,7 @@ __device__ void combine_tile(const DecodeParams& p, const DecodeShared& sm, int 
   bool last = false;
   if (lane < item.n) {
     token = sm.row_token[item.begin + lane];
-    last = atomic_add_acq_rel_gpu(p.ctl.tile_count + token * n_tiles + col_tile, 1) == kk - 1;
+    last = atomic_add_acq_rel_gpu(p.ctl.tile_count + token * n_tiles + col_tile, 1) == sm.n_slots[token] - 1;
   }
   unsigned todo = __ballot_sync(0xffffffffu, last);
   const int col = col_tile * 32 + lane;
@@ -144,8 +161,10 @@ __device__ void combine_tile(const DecodeParams& p, const DecodeShared& sm, int 
     float acc = 0.0f;
 #pragma unroll 3
     for (int j = 0; j < kk; ++j) {
+      const int row = sm.pos[t * kk + j];
+      if (row < 0) continue;
       const float wj = j < p.top_k ? p.weights[int64_t(t) * p.top_k + j] : 1.0f;
-      acc += wj * __ldcg(p.y + int64_t(sm.pos[t * kk + j]) * p.hidden + col);
+      acc += wj * __ldcg(p.y + int64_t(row) * p.hidden + col);
     }
     __nv_bfloat16 o = __float2bfloat16_rn(acc);
     p.out[int64_t(t) * p.hidden + col] = *reinterpret_cast<uint16_t*>(&o);
@@ -234,6 +253,7 @@ __global__ void __launch_bounds__(kWarps * 32, min_blocks(1)) moe_decode_kernel(
   if (threadIdx.x < 32) group_rows(p, sm, group);
   if (threadIdx.x == 0) sm.next_unit = atomicAdd(p.ctl.next_unit, 1);
   __syncthreads();
+  if (blockIdx.x == 0) zero_tokens_without_slots(p, sm);
   const int n_gate_up = sm.n_items * (p.inter / 16);
   const int n_units = n_gate_up + sm.n_items * (p.hidden / kDownCols);
   for (;;) {
@@ -291,6 +311,7 @@ void launch_moe_decode(const KernelLaunch& launch, const CudaMoeExperts& ex, con
   p.ctl = ex.decode_ctl;
   p.n_tokens = n_tokens;
   p.top_k = top_k;
+  p.first_expert = int(ex.first_expert());
   p.n_experts = ex.shape.n_experts;
   p.hidden = int(ex.shape.hidden);
   p.inter = int(ex.shape.intermediate);

@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) route_kernel(RouteParams p) 
 
 struct PermuteParams {
   const int* ids;  // [T, k]
-  int n_tokens, top_k, n_experts;
+  int n_tokens, top_k, first_expert, n_experts;
   bool shared;     // slot k of every token is the shared expert (id n_experts)
   int tile_tokens;
   MoeScratch s;
@@ -159,9 +159,8 @@ __global__ void __launch_bounds__(kPermuteThreads) permute_kernel(PermuteParams 
   __syncthreads();
   for (int i = threadIdx.x; i < n_rows; i += blockDim.x) {
     const int t = i / kk, j = i - t * kk;
-    int e = j < p.top_k ? p.ids[int64_t(t) * p.top_k + j] : p.n_experts;
-    if (unsigned(e) >= unsigned(n_stored)) e = 0;  // out-of-range ids must not corrupt memory
-    p.s.pos[i] = atomicAdd(&cnt[e], 1);
+    const int e = moe_stored_expert(p.ids, t, j, p.top_k, p.first_expert, p.n_experts);
+    p.s.pos[i] = e >= 0 ? atomicAdd(&cnt[e], 1) : -1;
   }
   __syncthreads();
   if (threadIdx.x < 32) {
@@ -177,8 +176,8 @@ __global__ void __launch_bounds__(kPermuteThreads) permute_kernel(PermuteParams 
   }
   for (int i = threadIdx.x; i < n_rows; i += blockDim.x) {
     const int t = i / kk, j = i - t * kk;
-    int e = j < p.top_k ? p.ids[int64_t(t) * p.top_k + j] : p.n_experts;
-    if (unsigned(e) >= unsigned(n_stored)) e = 0;
+    const int e = moe_stored_expert(p.ids, t, j, p.top_k, p.first_expert, p.n_experts);
+    if (e < 0) continue;
     const int row = off[e] + p.s.pos[i];
     p.s.pos[i] = row;
     p.s.row_token[row] = t;
@@ -186,7 +185,8 @@ __global__ void __launch_bounds__(kPermuteThreads) permute_kernel(PermuteParams 
 }
 
 // out[t] = sum_j weights[t, j] * y[pos[t, j]] (+ y of the shared expert's row), in a fixed
-// slot order so the result is deterministic.
+// slot order so the result is deterministic; slots of other ranks' experts (pos -1) add
+// nothing, and a token with none of this rank's gets zeros.
 __global__ void combine_kernel(const float* __restrict__ y, const int* __restrict__ pos,
                                const float* __restrict__ weights, int top_k, bool shared,
                                int hidden, __nv_bfloat16* __restrict__ out) {
@@ -201,9 +201,10 @@ __global__ void combine_kernel(const float* __restrict__ y, const int* __restric
   for (int h = blockIdx.y * span + 4 * threadIdx.x; h < h_end; h += 4 * blockDim.x) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int j = 0; j < kk; ++j) {
+      const int row = pos[int64_t(t) * kk + j];
+      if (row < 0) continue;
       const float w = j < top_k ? weights[int64_t(t) * top_k + j] : 1.0f;
-      const float4 v =
-          *reinterpret_cast<const float4*>(y + int64_t(pos[int64_t(t) * kk + j]) * hidden + h);
+      const float4 v = *reinterpret_cast<const float4*>(y + int64_t(row) * hidden + h);
       acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
     }
     __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + int64_t(t) * hidden + h);
@@ -218,7 +219,7 @@ void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens,
                   const RoutingSpec& spec, const float* bias, int* ids, float* weights) {
   TETRA_CHECK(n_experts > 0 && n_experts <= kMaxExperts, "moe route: at most ", kMaxExperts,
               " experts are supported, not ", n_experts);
-  TETRA_CHECK(spec.top_k > 0 && spec.top_k <= 32 && spec.top_k <= n_experts,
+  TETRA_CHECK(spec.top_k > 0 && spec.top_k <= kMaxTopK && spec.top_k <= n_experts,
               "moe route: top_k must be in 1..min(32, E), not ", spec.top_k);
   const bool sigmoid = spec.scoring == Scoring::Sigmoid;
   if (sigmoid && spec.n_group > 1)
@@ -233,10 +234,10 @@ void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens,
   launch_kernel(launch, route_kernel, (n_tokens + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, smem, p);
 }
 
-void launch_permute(const KernelLaunch& launch, const int* ids, int n_tokens, int top_k, int n_experts,
-                    bool shared, int tile_tokens, const MoeScratch& s) {
+void launch_permute(const KernelLaunch& launch, const int* ids, int n_tokens, int top_k, int first_expert,
+                    int n_experts, bool shared, int tile_tokens, const MoeScratch& s) {
   TETRA_CHECK(n_experts + 1 <= kMaxExperts, "moe: at most ", kMaxExperts - 1, " experts");
-  PermuteParams p{ids, n_tokens, top_k, n_experts, shared, tile_tokens, s};
+  PermuteParams p{ids, n_tokens, top_k, first_expert, n_experts, shared, tile_tokens, s};
   launch_kernel(launch, permute_kernel, 1, kPermuteThreads, 0, p);
 }
 
