@@ -252,8 +252,8 @@ int cmd_serve(int argc, char** argv) {
   raise_fd_limit();
 
   // The device answers (or the command ends with one sentence) before the server listens.
-  const ops::BackendOptions backend_opts = runtime::rank_backend_options(backend_options(dev), par);
-  auto backend = ops::make_backend(backend_opts);  // rank 0's
+  const ops::BackendOptions backend_opts = backend_options(dev);
+  auto backend = ops::make_backend(runtime::rank_backend_options(backend_opts, par)[0]);  // rank 0's
   std::fprintf(stderr, "tetra serve: backend %s%s\n", backend->name().c_str(),
                par.world() > 1 ? str_cat(", ", par.world(), " ranks (--tp ", par.tp, " --ep ", par.ep, ")").c_str() : "");
   if (const int64_t available = host_memory_available_bytes();

@@ -40,6 +40,14 @@ bool cuda_device_available() {
 #endif
 }
 
+int cuda_device_count() {
+#ifdef TETRA_HAVE_CUDA
+  return cuda::cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
 std::optional<DType> parse_kv_cache_dtype(const std::string& text, const std::string& flag) {
   if (text == "auto") return std::nullopt;
   if (text == "fp8_e4m3" || text == "fp8") return DType::F8_E4M3;

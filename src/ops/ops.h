@@ -286,6 +286,9 @@ class Backend {
                        int64_t max_tokens) = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() = 0;
+  // Makes this backend's device the calling thread's current one (CUDA: cudaSetDevice), for
+  // the thread of a rank (--tp/--ep) that drives it; a no-op on the CPU.
+  virtual void make_current() {}
   // Records what `body` enqueues on ctx's stream, without running it, into a Graph; null
   // where the backend has no graphs (the CPU). `body` must not synchronize or allocate.
   virtual std::unique_ptr<Graph> capture(const Context& ctx, const std::function<void()>& body) {
@@ -455,5 +458,7 @@ std::optional<DType> parse_kv_cache_dtype(const std::string& text, const std::st
 std::unique_ptr<Backend> make_backend(const BackendOptions& options);
 // True when this build has the CUDA backend and a CUDA device answers.
 bool cuda_device_available();
+// The CUDA devices that answer (0 without them, or in a build without CUDA).
+int cuda_device_count();
 
 }  // namespace tetra::ops

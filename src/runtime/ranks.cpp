@@ -1,9 +1,16 @@
 #include "runtime/ranks.h"
 
 #include <algorithm>
+#include <set>
 #include <thread>
 
 #include "parallel/cpu_communicator.h"
+#ifdef TETRA_HAVE_CUDA_COMMUNICATOR
+#include "parallel/cuda_thread_communicator.h"
+#endif
+#ifdef TETRA_HAVE_NCCL
+#include "parallel/nccl_communicator.h"
+#endif
 
 namespace tetra::runtime {
 
@@ -31,37 +38,79 @@ ModelRanks::~ModelRanks() {
 
 void ModelRanks::run(const std::function<void(int)>& fn) {
   if (!threads_) return fn(0);
-  threads_->run(fn);
+  threads_->run([&](int r) {
+    backends_[size_t(r)]->make_current();
+    fn(r);
+  });
 }
 
-ops::BackendOptions rank_backend_options(const ops::BackendOptions& backend, const parallel::Parallelism& p) {
+std::vector<ops::BackendOptions> rank_backend_options(const ops::BackendOptions& backend,
+                                                      const parallel::Parallelism& p,
+                                                      const std::vector<int>& cuda_devices) {
   parallel::check_parallelism(p);
   const int n = p.world();
-  if (n == 1) return backend;
+  if (n == 1) return {backend};
+  std::vector<ops::BackendOptions> each(size_t(n), backend);
   const bool cuda = backend.device == "cuda" || (backend.device == "auto" && ops::cuda_device_available());
-  TETRA_CHECK(!cuda, "--tp ", p.tp, " --ep ", p.ep, " runs on the CPU only so far (--device cpu): the GPUs' ",
-              "NCCL communicator is not built yet");
-  ops::BackendOptions each = backend;
-  each.device = "cpu";
-  if (each.n_threads == 0) each.n_threads = std::max(1, int(std::thread::hardware_concurrency()) / n);
+  if (!cuda) {
+    for (auto& o : each) {
+      o.device = "cpu";
+      if (o.n_threads == 0) o.n_threads = std::max(1, int(std::thread::hardware_concurrency()) / n);
+    }
+    return each;
+  }
+  std::vector<int> devices = cuda_devices;
+  if (devices.empty()) {
+    const int available = ops::cuda_device_count();
+    TETRA_CHECK(backend.device_index >= 0 && backend.device_index + n <= available, "--tp ", p.tp, " --ep ", p.ep,
+                " runs ", n, " ranks, one a GPU from cuda:", backend.device_index, " on; this machine has ", available,
+                " CUDA device", available == 1 ? "" : "s");
+    for (int r = 0; r < n; ++r) devices.push_back(backend.device_index + r);
+  }
+  TETRA_CHECK(int(devices.size()) == n, n, " CUDA ranks need as many devices, not ", devices.size());
+  for (int r = 0; r < n; ++r) {
+    each[size_t(r)].device = "cuda";
+    each[size_t(r)].device_index = devices[size_t(r)];
+  }
   return each;
 }
 
+namespace {
+
+std::vector<std::unique_ptr<ops::Communicator>> make_communicators(const std::vector<ops::BackendOptions>& each) {
+  const int n = int(each.size());
+  if (each.front().device != "cuda") return parallel::make_cpu_communicators(n);
+  std::vector<int> devices;
+  for (const auto& o : each) devices.push_back(o.device_index);
+#ifdef TETRA_HAVE_NCCL
+  // NCCL joins distinct GPUs only; ranks sharing one (tests) take the thread communicator.
+  if (std::set<int>(devices.begin(), devices.end()).size() == devices.size())
+    return parallel::make_nccl_communicators(devices);
+#endif
+#ifdef TETRA_HAVE_CUDA_COMMUNICATOR
+  return parallel::make_cuda_thread_communicators(devices);
+#else
+  fail("--tp/--ep on CUDA: this build has no communicator for GPUs");
+#endif
+}
+
+}  // namespace
+
 std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const ops::BackendOptions& backend,
                                        const parallel::Parallelism& p, const model::LoadOptions& options,
-                                       std::unique_ptr<ops::Backend> rank0) {
-  const ops::BackendOptions each = rank_backend_options(backend, p);
+                                       std::unique_ptr<ops::Backend> rank0, const std::vector<int>& cuda_devices) {
+  const std::vector<ops::BackendOptions> each = rank_backend_options(backend, p, cuda_devices);
   const int n = p.world();
   std::vector<std::unique_ptr<ops::Backend>> backends;
   std::vector<std::unique_ptr<model::Model>> models(static_cast<size_t>(n));
   std::vector<std::unique_ptr<ops::Communicator>> comms;
-  backends.push_back(rank0 ? std::move(rank0) : ops::make_backend(each));
+  backends.push_back(rank0 ? std::move(rank0) : ops::make_backend(each[0]));
   if (n == 1) {
     models[0] = model::load_model(dir, *backends[0], options);
     return std::make_unique<ModelRanks>(std::move(backends), std::move(models), std::move(comms));
   }
-  for (int r = 1; r < n; ++r) backends.push_back(ops::make_backend(each));
-  comms = parallel::make_cpu_communicators(n);
+  for (int r = 1; r < n; ++r) backends.push_back(ops::make_backend(each[size_t(r)]));
+  comms = make_communicators(each);
   // Every rank loads its shard at once; progress is rank 0's (the others' are alike).
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> loaders;
@@ -71,6 +120,7 @@ std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const o
         model::LoadOptions o = options;
         o.shard = {.rank = r, .p = p};
         if (r > 0) o.on_progress = nullptr;
+        backends[size_t(r)]->make_current();
         models[size_t(r)] = model::load_model(dir, *backends[size_t(r)], o);
       } catch (...) {
         errors[size_t(r)] = std::current_exception();
@@ -79,18 +129,23 @@ std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const o
   for (auto& t : loaders) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+  backends[0]->make_current();  // the caller's thread drives rank 0
   return std::make_unique<ModelRanks>(std::move(backends), std::move(models), std::move(comms));
 }
 
 RankCaches::RankCaches(const ModelRanks& ranks, int block_size, int64_t n_blocks,
                        std::optional<uint64_t> random_seed) {
-  for (int r = 0; r < ranks.size(); ++r)
+  for (int r = 0; r < ranks.size(); ++r) {
+    ranks.backend(r).make_current();
     caches_.push_back(std::make_unique<KvCache>(ranks.backend(r), ranks.model(r).kv_layout(), block_size, n_blocks,
                                                 random_seed));
+  }
+  ranks.backend(0).make_current();
 }
 
 RankSteps::RankSteps(ModelRanks& ranks, int block_size, StepCapacity capacity) : ranks_(ranks) {
   for (int r = 0; r < ranks.size(); ++r) {
+    ranks.backend(r).make_current();
     State s;
     s.arena = std::make_unique<ops::Arena>(ranks.backend(r));
     s.builder = std::make_unique<StepBuilder>(ranks.backend(r), block_size, capacity);
@@ -99,6 +154,7 @@ RankSteps::RankSteps(ModelRanks& ranks, int block_size, StepCapacity capacity) :
     s.ctx.comm = ranks.comm(r);
     ranks_state_.push_back(std::move(s));
   }
+  ranks.backend(0).make_current();
 }
 
 RankSteps::~RankSteps() = default;

@@ -52,16 +52,22 @@ class ModelRanks {
   std::unique_ptr<parallel::RankThreads> threads_;  // null with one rank
 };
 
-// The backend options of each of p.world() ranks: CPU threads shared out among them (where
-// not given). Only the CPU has a communicator yet: another device with more than one rank is
-// one sentence, thrown.
-ops::BackendOptions rank_backend_options(const ops::BackendOptions& backend, const parallel::Parallelism& p);
+// The backend options of each of p.world() ranks. CPU ranks share out the CPU threads (where
+// not given). CUDA ranks run on the GPUs `cuda_devices` lists, or where it is empty on one GPU
+// each from backend.device_index on (--device cuda:N); too few GPUs is one sentence, thrown.
+// A GPU listed twice holds two ranks: for testing the sharded kernels on one GPU.
+std::vector<ops::BackendOptions> rank_backend_options(const ops::BackendOptions& backend,
+                                                      const parallel::Parallelism& p,
+                                                      const std::vector<int>& cuda_devices = {});
 
 // Loads `dir` on p.world() ranks, each its own backend (rank_backend_options; rank 0's may be
-// given, made earlier) holding its shard; the ranks load at once.
+// given, made earlier from rank_backend_options(...)[0]) holding its shard; the ranks load at
+// once. CUDA ranks talk through NCCL where the build has it and the GPUs differ, else through
+// the CUDA thread communicator (parallel/cuda_thread_communicator.h).
 std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const ops::BackendOptions& backend,
                                        const parallel::Parallelism& p, const model::LoadOptions& options,
-                                       std::unique_ptr<ops::Backend> rank0 = nullptr);
+                                       std::unique_ptr<ops::Backend> rank0 = nullptr,
+                                       const std::vector<int>& cuda_devices = {});
 
 // The KV cache of every rank, each holding its own heads (MLA's latent whole on every rank),
 // one block numbering for all.

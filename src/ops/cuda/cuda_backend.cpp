@@ -197,6 +197,7 @@ class CudaBackend final : public Backend {
   }
   void warm_up(const Context& ctx, const std::vector<const MoeExperts*>& experts, int top_k,
                int64_t max_tokens) override;
+  void make_current() override { TETRA_CUDA_CHECK(cudaSetDevice(device_)); }
   void synchronize() override {
     if (uploader_) uploader_->finish();
     TETRA_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -580,11 +581,13 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }
 
-bool cuda_device_present() {
+bool cuda_device_present() { return cuda_device_count() > 0; }
+
+int cuda_device_count() {
   int n = 0;
-  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
   cudaGetLastError();  // a failed probe must not leave a sticky error behind
-  return ok;
+  return n;
 }
 
 }  // namespace tetra::ops::cuda

@@ -24,5 +24,6 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options);
 
 // True when a CUDA device answers (the driver loads and reports at least one device).
 bool cuda_device_present();
+int cuda_device_count();
 
 }  // namespace tetra::ops::cuda

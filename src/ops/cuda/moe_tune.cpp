@@ -1,11 +1,13 @@
 // The MoE tuning cache (see moe_tune.h).
 #include "ops/cuda/moe_tune.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include <unistd.h>
+#include "core/error.h"
 
 namespace tetra::ops::cuda {
 
@@ -43,8 +45,10 @@ void MoeTuner::save() const {
   for (const auto& [key, c] : entries_) j["entries"][key] = {{"tile_tokens", c.tile_tokens}, {"fused", c.fused}, {"why", c.why}};
   std::error_code ec;
   fs::create_directories(fs::path(path_).parent_path(), ec);
-  // Write then rename, so a reader never sees half a file.
-  const std::string tmp = path_ + ".tmp" + std::to_string(::getpid());
+  // Write then rename, so a reader never sees half a file. The ranks of one process (--tp,
+  // --ep) each have a tuner on the same file: the temporary is this tuner's own.
+  const std::string tmp =
+      str_cat(path_, ".tmp", ::getpid(), "-", reinterpret_cast<uintptr_t>(static_cast<const void*>(this)));
   {
     std::ofstream out(tmp);
     if (!out) return;  // an unwritable cache only means tuning again after a restart
