@@ -50,20 +50,23 @@ void check_device(const TensorView& t, const char* op, const char* what) {
 
 // One MoE layer's experts on the device: the routed experts (with the shared expert fused in
 // when it has their width), or a shared expert of another width run as a plain MLP after.
+// Under --tp a rank's share of the routed experts' width may be empty (experts narrower than
+// the ranks' NVFP4 granules): then there are none to run, and they add nothing.
 class LayerExperts final : public MoeExperts {
  public:
-  LayerExperts(std::unique_ptr<MoeExperts> routed, std::optional<MlpWeights> separate_shared)
-      : routed_(std::move(routed)), shared_(std::move(separate_shared)) {}
-  int64_t n_experts() const override { return routed_->n_experts(); }
+  LayerExperts(std::unique_ptr<MoeExperts> routed, int64_t n_experts, std::optional<MlpWeights> separate_shared)
+      : routed_(std::move(routed)), n_experts_(n_experts), shared_(std::move(separate_shared)) {}
+  int64_t n_experts() const override { return n_experts_; }
   void set_first_expert(int64_t e) override {
     MoeExperts::set_first_expert(e);
-    routed_->set_first_expert(e);  // the kernels read the routed experts' own
+    if (routed_) routed_->set_first_expert(e);  // the kernels read the routed experts' own
   }
-  const MoeExperts& routed() const { return *routed_; }
+  const MoeExperts* routed() const { return routed_.get(); }
   const MlpWeights* separate_shared() const { return shared_ ? &*shared_ : nullptr; }
 
  private:
-  std::unique_ptr<MoeExperts> routed_;
+  std::unique_ptr<MoeExperts> routed_;  // null: this rank's share of their width is empty
+  int64_t n_experts_;
   std::optional<MlpWeights> shared_;
 };
 
@@ -180,11 +183,14 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts,
                                               const MlpWeights* shared) override {
-    const bool fuse = shared && shared->gate.n_out == experts.at(0).gate.n_out;
-    auto routed = cuda::prepare_experts(ctx_, experts, fuse ? shared : nullptr, &tuner_, &uploader());
+    if (shared && shared->gate.n_out == 0) shared = nullptr;  // an empty share adds nothing
+    const bool empty = experts.at(0).gate.n_out == 0;
+    const bool fuse = shared && !empty && shared->gate.n_out == experts[0].gate.n_out;
+    std::unique_ptr<MoeExperts> routed;
+    if (!empty) routed = cuda::prepare_experts(ctx_, experts, fuse ? shared : nullptr, &tuner_, &uploader());
     std::optional<MlpWeights> separate;
     if (shared && !fuse) separate = MlpWeights{upload(shared->gate), upload(shared->up), upload(shared->down)};
-    return std::make_unique<LayerExperts>(std::move(routed), std::move(separate));
+    return std::make_unique<LayerExperts>(std::move(routed), int64_t(experts.size()), std::move(separate));
   }
   std::unique_ptr<Buffer> random_tensor(DType dtype, Shape shape, const RandomFill& fill, uint64_t seed) override {
     auto b = alloc(dtype, shape);
@@ -193,7 +199,9 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<MoeExperts> random_experts(const ExpertsSpec& spec, uint64_t seed) override {
     const MoeShape shape{spec.hidden, spec.intermediate, spec.n_experts, spec.shared_expert};
-    return std::make_unique<LayerExperts>(cuda::random_experts(ctx_, shape, spec.format, seed, &tuner_), std::nullopt);
+    std::unique_ptr<MoeExperts> routed;
+    if (spec.intermediate > 0) routed = cuda::random_experts(ctx_, shape, spec.format, seed, &tuner_);
+    return std::make_unique<LayerExperts>(std::move(routed), spec.n_experts, std::nullopt);
   }
   void warm_up(const Context& ctx, const std::vector<const MoeExperts*>& experts, int top_k,
                int64_t max_tokens) override;
@@ -469,11 +477,17 @@ void CudaBackend::moe_experts(const Context& ctx, TensorView x, TensorView ids, 
                               const MoeExperts& experts, TensorView out) {
   const LayerExperts& le = layer_experts(experts);
   const int64_t T = x.dim(0);
-  Context c = ctx;
-  const int64_t ws = moe_workspace_bytes(le.routed(), T, int(ids.dim(1)));
-  const TensorView w = scratch(ctx, ws, "moe_experts");
-  c.workspace = Workspace{w.data, w.nbytes()};
-  cuda::moe_experts(c, x, ids, weights, le.routed(), out);
+  if (const MoeExperts* routed = le.routed()) {
+    Context c = ctx;
+    const int64_t ws = moe_workspace_bytes(*routed, T, int(ids.dim(1)));
+    const TensorView w = scratch(ctx, ws, "moe_experts");
+    c.workspace = Workspace{w.data, w.nbytes()};
+    cuda::moe_experts(c, x, ids, weights, *routed, out);
+  } else {
+    check_device(out, "moe_experts", "out");
+    TETRA_CHECK(out.dtype == DType::BF16 && out.shape.rank == 2 && out.dim(0) == T, "moe: out must be BF16 [T, H]");
+    TETRA_CUDA_CHECK(cudaMemsetAsync(out.data, 0, size_t(out.nbytes()), stream_of(ctx)));
+  }
   if (const MlpWeights* sh = le.separate_shared()) {
     // A shared expert of another width: down(silu(gate x) * up x), added after the routed sum.
     Arena& arena = *ctx.arena;
@@ -520,12 +534,12 @@ void CudaBackend::warm_up(const Context& ctx, const std::vector<const MoeExperts
   if (!autotune_) return;
   std::map<std::tuple<int64_t, int64_t, int64_t, int, bool>, const MoeExperts*> shapes;
   for (const MoeExperts* e : experts) {
-    const MoeExperts& routed = layer_experts(*e).routed();
-    if (!moe_fast_path(routed)) continue;
-    const MoeShape& s = experts_shape(routed);
-    shapes.emplace(std::make_tuple(s.hidden, s.intermediate, int64_t(s.n_experts), int(experts_format(routed)),
+    const MoeExperts* routed = layer_experts(*e).routed();
+    if (!routed || !moe_fast_path(*routed)) continue;
+    const MoeShape& s = experts_shape(*routed);
+    shapes.emplace(std::make_tuple(s.hidden, s.intermediate, int64_t(s.n_experts), int(experts_format(*routed)),
                                    s.shared_expert),
-                   &routed);
+                   routed);
   }
   if (shapes.empty()) return;
   std::mt19937 rng(1);
