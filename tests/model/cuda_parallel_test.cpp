@@ -74,21 +74,32 @@ class CudaParallelDummy : public CudaParallelFixture {};
 
 // The families' proportions at small size with dummy weights, split the same way on both
 // backends (a rank's dummy weights are drawn from its shard's seed, the same numbers on each):
-// the CPU's ranks against the GPU's, 12 requests batched. Experts of 128 take the fast MoE
+// the CPU's ranks against the GPU's, 12 requests batched, by the rule of cuda_model_util.h
+// (log-probs up to a router near-tie of the CPU's run). Experts of 128 take the fast MoE
 // kernels (the fused decode kernel among them for NVFP4) where a rank holds them whole (--ep),
 // the general ones where --tp halves them.
 TEST_P(CudaParallelDummy, BatchedEngineMatchesTheCpusRanks) {
   const Split& sp = GetParam();
   const auto dir = testing::fixtures_dir() / sp.fixture;
-  auto cpu = runtime::load_ranks(dir, {.device = "cpu"}, {sp.tp, sp.ep}, {.dummy = true});
+  // Rank 0 records its routers' gaps (every rank routes every token alike).
+  auto recording = std::make_unique<RouterGaps>(ops::make_cpu_backend(0));
+  const RouterGaps& gaps = *recording;
+  auto cpu = runtime::load_ranks(dir, {.device = "cpu"}, {sp.tp, sp.ep}, {.dummy = true}, std::move(recording));
   auto gpu = cuda_ranks(dir, sp, {.dummy = true});
   const auto reqs = mixed_requests(12, cpu->model().config().vocab_size, 7);
+  std::vector<size_t> checked;
+  for (const auto& r : reqs) {
+    const size_t before = gaps.min_gap_per_step().size();
+    runtime::generate(*cpu, r.prompt, {.max_new_tokens = r.max_new_tokens, .ignore_eos = true});
+    checked.push_back(positions_before_router_tie(
+        std::vector<float>(gaps.min_gap_per_step().begin() + long(before), gaps.min_gap_per_step().end())));
+  }
   const auto want = run_engine(*cpu, reqs, small_engine());
   const auto got = run_engine(*gpu, reqs, small_engine());
   for (size_t i = 0; i < reqs.size(); ++i) {
     std::vector<double> lp(want[i].logprobs.begin(), want[i].logprobs.end());
     expect_close(got[i], want[i].tokens, lp, want[i].top,
-                 str_cat(sp.fixture, " tp ", sp.tp, " ep ", sp.ep, " request ", i));
+                 str_cat(sp.fixture, " tp ", sp.tp, " ep ", sp.ep, " request ", i), checked[i]);
   }
 }
 
