@@ -42,8 +42,10 @@ class StreamingTest(unittest.TestCase):
 
         def client(i):
             conn = http.client.HTTPConnection("127.0.0.1", self.s.port, timeout=120)
-            body = {"prompt": prompts[i], "max_tokens": 40, "ignore_eos": True, "stream": True, "temperature": 0,
-                    "logprobs": 5}
+            # A leaving client asks for many tokens: on a GPU 40 of them can all be sent before it
+            # closes, and then nothing was cut off.
+            body = {"prompt": prompts[i], "max_tokens": 400 if i % 3 == 0 else 40, "ignore_eos": True,
+                    "stream": True, "temperature": 0, "logprobs": 5}
             conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
             r = conn.getresponse()
             if i % 3 == 0:
