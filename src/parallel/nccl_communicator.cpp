@@ -1,19 +1,19 @@
 #include "parallel/nccl_communicator.h"
 
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <mutex>
 #include <string>
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "parallel/nccl_library.h"
 
 namespace tetra::parallel {
 namespace {
 
 void check(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess) fail("NCCL ", what, " failed: ", ncclGetErrorString(r));
+  if (r != ncclSuccess) fail("NCCL ", what, " failed: ", nccl_library().get_error_string(r));
 }
 
 ncclDataType_t nccl_type(DType d) {
@@ -32,7 +32,7 @@ class NcclCommunicator : public ops::Communicator {
   NcclCommunicator(ncclComm_t comm, int rank, int size, int device)
       : comm_(comm), rank_(rank), size_(size), device_(device) {}
   ~NcclCommunicator() override {
-    if (!aborted_) ncclCommDestroy(comm_);
+    if (!aborted_) nccl_library().comm_destroy(comm_);
   }
 
   int rank() const override { return rank_; }
@@ -44,7 +44,8 @@ class NcclCommunicator : public ops::Communicator {
     std::lock_guard<std::mutex> lock(mu_);
     enter(x);
     // A ring (or tree) all-reduce leaves the same bits on every rank.
-    check(ncclAllReduce(x.data, x.data, size_t(x.numel()), nccl_type(x.dtype), ncclSum, comm_, stream(ctx)),
+    check(nccl_library().all_reduce(x.data, x.data, size_t(x.numel()), nccl_type(x.dtype), ncclSum, comm_,
+                                    stream(ctx)),
           "all-reduce");
   }
 
@@ -53,7 +54,8 @@ class NcclCommunicator : public ops::Communicator {
                 " elements, not ", size_, " x ", x.numel());
     std::lock_guard<std::mutex> lock(mu_);
     enter(x);
-    check(ncclAllGather(x.data, out.data, size_t(x.numel()), nccl_type(x.dtype), comm_, stream(ctx)), "all-gather");
+    check(nccl_library().all_gather(x.data, out.data, size_t(x.numel()), nccl_type(x.dtype), comm_, stream(ctx)),
+          "all-gather");
   }
 
   void abort(const std::string& reason) override {
@@ -63,7 +65,7 @@ class NcclCommunicator : public ops::Communicator {
     if (aborted_) return;
     aborted_ = true;
     reason_ = reason;
-    ncclCommAbort(comm_);
+    nccl_library().comm_abort(comm_);
   }
 
  private:
@@ -93,10 +95,21 @@ std::vector<std::unique_ptr<ops::Communicator>> make_nccl_communicators(const st
   const int n = int(devices.size());
   TETRA_CHECK(n >= 1, "an NCCL communicator needs at least one GPU");
   std::vector<ncclComm_t> comms(static_cast<size_t>(n));
-  check(ncclCommInitAll(comms.data(), n, devices.data()), "communicator setup (ncclCommInitAll)");
+  check(nccl_library().comm_init_all(comms.data(), n, devices.data()), "communicator setup (ncclCommInitAll)");
   std::vector<std::unique_ptr<ops::Communicator>> out;
   for (int r = 0; r < n; ++r) out.push_back(std::make_unique<NcclCommunicator>(comms[size_t(r)], r, n, devices[size_t(r)]));
   return out;
+}
+
+bool nccl_loads(std::string* why_not, std::string* description) {
+  try {
+    const NcclLibrary& lib = nccl_library();
+    if (description) *description = str_cat(lib.path, " (NCCL ", lib.version, ")");
+    return true;
+  } catch (const Error& e) {
+    if (why_not) *why_not = e.what();
+    return false;
+  }
 }
 
 }  // namespace tetra::parallel

@@ -4,6 +4,7 @@
 #include <set>
 #include <thread>
 
+#include "core/log.h"
 #include "parallel/cpu_communicator.h"
 #ifdef TETRA_HAVE_CUDA_COMMUNICATOR
 #include "parallel/cuda_thread_communicator.h"
@@ -83,9 +84,16 @@ std::vector<std::unique_ptr<ops::Communicator>> make_communicators(const std::ve
   std::vector<int> devices;
   for (const auto& o : each) devices.push_back(o.device_index);
 #ifdef TETRA_HAVE_NCCL
-  // NCCL joins distinct GPUs only; ranks sharing one (tests) take the thread communicator.
-  if (std::set<int>(devices.begin(), devices.end()).size() == devices.size())
-    return parallel::make_nccl_communicators(devices);
+  // NCCL joins distinct GPUs only; ranks sharing one (tests) take the thread communicator, as
+  // do GPUs on a machine without libnccl (it waits on the host, so decode graphs stay off).
+  if (std::set<int>(devices.begin(), devices.end()).size() == devices.size()) {
+    std::string why_not, which;
+    if (parallel::nccl_loads(&why_not, &which)) {
+      log_info("ranks joined by ", which);
+      return parallel::make_nccl_communicators(devices);
+    }
+    log_warn(why_not, "; the ranks use the CUDA thread communicator, which is slower");
+  }
 #endif
 #ifdef TETRA_HAVE_CUDA_COMMUNICATOR
   return parallel::make_cuda_thread_communicators(devices);
