@@ -324,6 +324,10 @@ class CudaBackend final : public Backend {
     check_device(w.weight, "linear", "the weight");
     TETRA_CHECK(x.dim(-1) == w.n_in && p.out.dim(-1) == w.n_out, "linear: input width ", x.dim(-1),
                 " and output width ", p.out.dim(-1), " do not match a weight of ", w.n_out, "x", w.n_in);
+    // Every kernel writes a row of out for each row of x: no more and no fewer.
+    const int64_t rows = w.n_in > 0 ? x.numel() / w.n_in : 0;
+    TETRA_CHECK(w.n_in == 0 || p.out.numel() == rows * w.n_out, "linear: out holds ", p.out.numel(),
+                " values for ", rows, " rows of ", w.n_out);
   }
   // The GEMV or the wgmma skinny kernel, where dense_linear_path picks one and it takes the
   // launch; false leaves the launch to cuBLASLt.
