@@ -73,7 +73,8 @@ struct DecodeShared {
   DecodeItem items[kMoeDecodeMaxItems];
   int row_token[kMoeDecodeMaxRows];  // token of each grouped row
   int pos[kMoeDecodeMaxRows];        // grouped row of each (token, slot); -1: another rank's expert
-  int n_slots[kMoeDecodeMaxTokens];  // slots of each token this rank computes
+  int n_slots[kMoeDecodeMaxTokens];  // slots of each token this rank computes, where not all_local
+  bool all_local;                    // every slot's expert is this rank's (one rank: always)
   int n_items;
   int next_unit;
 };
@@ -96,9 +97,11 @@ __device__ void group_rows(const DecodeParams& p, DecodeShared& sm, GroupScratch
   const int n_stored = p.n_experts + (p.shared ? 1 : 0);
   for (int e = lane; e < n_stored; e += 32) g.cnt[e] = 0;
   __syncwarp();
+  bool foreign = false;
   for (int base = 0; base < n_rows; base += 32) {
     const int r = base + lane;
     const int e = r < n_rows ? stored_expert(p, r, kk) : -1;
+    foreign |= r < n_rows && e < 0;
     const unsigned same = __match_any_sync(0xffffffffu, e);
     const int before = __popc(same & ((1u << lane) - 1u));
     const int c = e >= 0 ? g.cnt[e] : 0;
@@ -124,6 +127,9 @@ __device__ void group_rows(const DecodeParams& p, DecodeShared& sm, GroupScratch
     sm.pos[i] = row;
     sm.row_token[row] = i / kk;
   }
+  const bool all_local = !__any_sync(0xffffffffu, foreign);
+  if (lane == 0) sm.all_local = all_local;
+  if (all_local) return;
   __syncwarp();
   for (int t = lane; t < p.n_tokens; t += 32) {
     int n = 0;
@@ -135,6 +141,7 @@ __device__ void group_rows(const DecodeParams& p, DecodeShared& sm, GroupScratch
 // Block 0: the tokens none of whose slots this rank computes (expert parallelism) are zeros;
 // no down unit will combine them.
 __device__ void zero_tokens_without_slots(const DecodeParams& p, const DecodeShared& sm) {
+  if (sm.all_local) return;
   for (int t = 0; t < p.n_tokens; ++t)
     if (sm.n_slots[t] == 0)
       for (int c = threadIdx.x; c < p.hidden; c += blockDim.x) p.out[int64_t(t) * p.hidden + c] = 0;
@@ -150,7 +157,8 @@ __device__ void combine_tile(const DecodeParams& p, const DecodeShared& sm, int 
   bool last = false;
   if (lane < item.n) {
     token = sm.row_token[item.begin + lane];
-    last = atomic_add_acq_rel_gpu(p.ctl.tile_count + token * n_tiles + col_tile, 1) == sm.n_slots[token] - 1;
+    const int slots = sm.all_local ? kk : sm.n_slots[token];
+    last = atomic_add_acq_rel_gpu(p.ctl.tile_count + token * n_tiles + col_tile, 1) == slots - 1;
   }
   unsigned todo = __ballot_sync(0xffffffffu, last);
   const int col = col_tile * 32 + lane;
@@ -161,10 +169,12 @@ __device__ void combine_tile(const DecodeParams& p, const DecodeShared& sm, int 
     float acc = 0.0f;
 #pragma unroll 3
     for (int j = 0; j < kk; ++j) {
+      // Another rank's slot (row -1) loads row 0 and adds nothing: no branch, so the slots'
+      // loads stay in flight together (this sum ends the layer at one token).
       const int row = sm.pos[t * kk + j];
-      if (row < 0) continue;
       const float wj = j < p.top_k ? p.weights[int64_t(t) * p.top_k + j] : 1.0f;
-      acc += wj * __ldcg(p.y + int64_t(row) * p.hidden + col);
+      const float v = __ldcg(p.y + int64_t(max(row, 0)) * p.hidden + col);
+      acc += wj * (row < 0 ? 0.0f : v);
     }
     __nv_bfloat16 o = __float2bfloat16_rn(acc);
     p.out[int64_t(t) * p.hidden + col] = *reinterpret_cast<uint16_t*>(&o);
