@@ -52,6 +52,7 @@ class RouterGaps final : public ops::Backend {
   explicit RouterGaps(std::unique_ptr<ops::Backend> inner) : in_(std::move(inner)) {}
   // One entry per forward (the first op of a forward is its embedding).
   const std::vector<float>& min_gap_per_step() const { return gaps_; }
+
   // With record on, every op's output as host floats, in call order (for diagnosing a model).
   bool record = false;
   std::vector<std::pair<std::string, std::vector<float>>> outputs;
@@ -173,9 +174,9 @@ class RouterGaps final : public ops::Backend {
 
 // How many leading positions of a generation the log-prob check covers: up to the first
 // step with a router near-tie (step i computes the logits of generated token i).
-inline size_t positions_before_router_tie(const std::vector<float>& gaps) {
+inline size_t positions_before_router_tie(const std::vector<float>& gaps, float tie = kRouterTie) {
   size_t n = 0;
-  while (n < gaps.size() && gaps[n] >= kRouterTie) ++n;
+  while (n < gaps.size() && gaps[n] >= tie) ++n;
   return n;
 }
 

@@ -4,6 +4,7 @@
 // as they would over several GPUs; only the communicator's transport differs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <random>
 
@@ -74,33 +75,44 @@ class CudaParallelDummy : public CudaParallelFixture {};
 
 // The families' proportions at small size with dummy weights, split the same way on both
 // backends (a rank's dummy weights are drawn from its shard's seed, the same numbers on each):
-// the CPU's ranks against the GPU's, 12 requests batched, by the rule of cuda_model_util.h
-// (log-probs up to a router near-tie of the CPU's run). Experts of 128 take the fast MoE
+// the CPU's ranks against the GPU's, 12 requests batched. Experts of 128 take the fast MoE
 // kernels (the fused decode kernel among them for NVFP4) where a rank holds them whole (--ep),
 // the general ones where --tp halves them.
+//
+// Tokens by the rule of cuda_model_util.h. Log-probs by their mean and their largest
+// difference, as CudaFp8Kv holds them: dummy routers' logits are a few tenths, so a prompt of
+// 100 tokens nearly always holds a router gap under 1e-3, and the near-tie cut of the fixtures
+// would leave almost nothing compared. Measured (H200, 2026-12-04): means 1.3-2.6e-3 a split,
+// the largest differences up to 0.026, and 0.064 once, after BF16 flipped a prefill's router
+// gap of 5e-5 (glm4_moe tp 1 ep 2, request 7). A wrong row, expert or rank moves them by whole
+// units.
+constexpr double kSplitMeanLogprobTolerance = 0.01, kSplitLogprobTolerance = 0.1;
+
 TEST_P(CudaParallelDummy, BatchedEngineMatchesTheCpusRanks) {
   const Split& sp = GetParam();
   const auto dir = testing::fixtures_dir() / sp.fixture;
-  // Rank 0 records its routers' gaps (every rank routes every token alike).
-  auto recording = std::make_unique<RouterGaps>(ops::make_cpu_backend(0));
-  const RouterGaps& gaps = *recording;
-  auto cpu = runtime::load_ranks(dir, {.device = "cpu"}, {sp.tp, sp.ep}, {.dummy = true}, std::move(recording));
+  auto cpu = runtime::load_ranks(dir, {.device = "cpu"}, {sp.tp, sp.ep}, {.dummy = true});
   auto gpu = cuda_ranks(dir, sp, {.dummy = true});
   const auto reqs = mixed_requests(12, cpu->model().config().vocab_size, 7);
-  std::vector<size_t> checked;
-  for (const auto& r : reqs) {
-    const size_t before = gaps.min_gap_per_step().size();
-    runtime::generate(*cpu, r.prompt, {.max_new_tokens = r.max_new_tokens, .ignore_eos = true});
-    checked.push_back(positions_before_router_tie(
-        std::vector<float>(gaps.min_gap_per_step().begin() + long(before), gaps.min_gap_per_step().end())));
-  }
   const auto want = run_engine(*cpu, reqs, small_engine());
   const auto got = run_engine(*gpu, reqs, small_engine());
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    std::vector<double> lp(want[i].logprobs.begin(), want[i].logprobs.end());
-    expect_close(got[i], want[i].tokens, lp, want[i].top,
-                 str_cat(sp.fixture, " tp ", sp.tp, " ep ", sp.ep, " request ", i), checked[i]);
+  size_t shared = 0;
+  double sum = 0, worst = 0;
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    const std::string what = str_cat(sp.fixture, " tp ", sp.tp, " ep ", sp.ep, " request ", r);
+    std::vector<double> lp(want[r].logprobs.begin(), want[r].logprobs.end());
+    expect_close(got[r], want[r].tokens, lp, want[r].top, what, /*logprob_positions=*/0);
+    for (size_t i = 0; i < lp.size() && got[r].tokens[i] == want[r].tokens[i]; ++i, ++shared) {
+      const double d = std::abs(double(got[r].logprobs[i]) - lp[i]);
+      worst = std::max(worst, d);
+      sum += d;
+    }
   }
+  ASSERT_GT(shared, 0u);
+  EXPECT_LE(sum / double(shared), kSplitMeanLogprobTolerance);
+  EXPECT_LE(worst, kSplitLogprobTolerance);
+  std::printf("  %s tp %d ep %d: |dlogprob| mean %.2e, max %.2e over %zu shared tokens\n", sp.fixture, sp.tp, sp.ep,
+              sum / double(shared), worst, shared);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaParallelDummy,
