@@ -142,8 +142,11 @@ int cmd_serve(int argc, char** argv) {
       ->check(CLI::Range(1, 65536));
   app.add_flag("--disable-cuda-graph", engine_config.disable_cuda_graph,
                "GPU: run every decode step eagerly, without CUDA graphs");
-  app.add_option("--chunked-prefill-size", engine_config.chunked_prefill_size, "prompt tokens per step at most")
-      ->check(CLI::Range(int64_t(16), int64_t(1) << 24));
+  CLI::Option* chunked_prefill =
+      app.add_option("--chunked-prefill-size", engine_config.chunked_prefill_size,
+                     "prompt tokens per step at most (default: 512 on the CPU; on a GPU by its memory, as SGLang "
+                     "chooses: 8192 on one of 60-160 GB)")
+          ->check(CLI::Range(int64_t(16), int64_t(1) << 24));
   app.add_option("--mem-fraction-static", engine_config.mem_fraction_static,
                  "GPU: the fraction of its memory for the weights and the KV cache together")
       ->check(CLI::Range(0.01, 1.0));
@@ -254,8 +257,10 @@ int cmd_serve(int argc, char** argv) {
   // The device answers (or the command ends with one sentence) before the server listens.
   const ops::BackendOptions backend_opts = backend_options(dev);
   auto backend = ops::make_backend(runtime::rank_backend_options(backend_opts, par)[0]);  // rank 0's
-  std::fprintf(stderr, "tetra serve: backend %s%s\n", backend->name().c_str(),
-               par.world() > 1 ? str_cat(", ", par.world(), " ranks (--tp ", par.tp, " --ep ", par.ep, ")").c_str() : "");
+  if (chunked_prefill->count() == 0) engine_config.chunked_prefill_size = runtime::default_chunked_prefill_size(*backend);
+  std::fprintf(stderr, "tetra serve: backend %s%s; prompts in chunks of %lld tokens a step\n", backend->name().c_str(),
+               par.world() > 1 ? str_cat(", ", par.world(), " ranks (--tp ", par.tp, " --ep ", par.ep, ")").c_str() : "",
+               static_cast<long long>(engine_config.chunked_prefill_size));
   if (const int64_t available = host_memory_available_bytes();
       backend->memory_info().total_bytes == 0 && available > 0)
     TETRA_CHECK(engine_config.kv_memory_bytes * par.world() <= available, "--kv-memory asks for ",

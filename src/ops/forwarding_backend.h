@@ -48,6 +48,7 @@ class ForwardingBackend : public Backend {
     in_.warm_up(c, experts, top_k, max_tokens);
   }
   void synchronize() override { in_.synchronize(); }
+  void make_current() override { in_.make_current(); }
   std::unique_ptr<Graph> capture(const Context& c, const std::function<void()>& body) override {
     return in_.capture(c, body);
   }

@@ -584,4 +584,10 @@ void Engine::run() {
   s.publish_stats();
 }
 
+int64_t default_chunked_prefill_size(const ops::Backend& backend) {
+  const double gib = double(backend.memory_info().total_bytes) / double(int64_t(1) << 30);
+  if (backend.device() != Device::Cuda || gib <= 0) return 512;
+  return gib < 35 ? 2048 : gib < 60 ? 4096 : gib < 160 ? 8192 : 16384;
+}
+
 }  // namespace tetra::runtime

@@ -31,7 +31,9 @@ struct EngineConfig {
   double mem_fraction_static = 0.85;
   int max_running_requests = 64;          // --max-running-requests
   int max_queued_requests = 1024;         // --max-queued-requests; beyond it submit() refuses
-  int64_t chunked_prefill_size = 512;     // --chunked-prefill-size: prompt tokens per step at most
+  // --chunked-prefill-size: prompt tokens per step at most (`tetra serve` without the flag:
+  // default_chunked_prefill_size)
+  int64_t chunked_prefill_size = 512;
   int num_continuous_decode_steps = 1;    // --num-continuous-decode-steps
   bool enable_prefix_caching = true;
   int64_t max_context = 0;                // 0: the model's max_position_embeddings
@@ -60,6 +62,12 @@ struct EngineConfig {
   // nothing.
   bool bench_skip_prompt_forward = false;
 };
+
+// The prompt tokens a step takes where --chunked-prefill-size is not given: 512 on the CPU; on
+// a GPU by its memory, as SGLang chooses (2,048 under 35 GB, 4,096 under 60, 8,192 under 160,
+// 16,384 above). Fewer, larger chunks stream the experts' weights fewer times per prompt; a
+// chunk holds up the decodes in its step for longer (docs/PERF.md measures both).
+int64_t default_chunked_prefill_size(const ops::Backend& backend);
 
 struct RequestParams {
   std::vector<int32_t> prompt;            // token ids, each in [0, vocab)

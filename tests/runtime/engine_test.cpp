@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_test_util.h"
+#include "ops/forwarding_backend.h"
 #include "runtime/decode_graphs.h"
 
 namespace tetra {
@@ -266,6 +267,30 @@ TEST(Engine, GraphSizesAscendToTheCap) {
   EXPECT_EQ(runtime::decode_graph_sizes(16), (std::vector<int64_t>{1, 2, 4, 8, 16}));
   EXPECT_EQ(runtime::decode_graph_sizes(30), (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 30}));
   EXPECT_EQ(runtime::decode_graph_sizes(256).size(), 35u);
+}
+
+// What `tetra serve` takes without --chunked-prefill-size: SGLang's table by GPU memory.
+TEST(Engine, DefaultPrefillChunkFollowsTheDevicesMemory) {
+  class Sized final : public ops::ForwardingBackend {
+   public:
+    Sized(ops::Backend& in, Device d, double gib) : ForwardingBackend(in), d_(d), gib_(gib) {}
+    Device device() const override { return d_; }
+    ops::MemoryInfo memory_info() const override {
+      return {.free_bytes = 0, .total_bytes = int64_t(gib_ * double(int64_t(1) << 30))};
+    }
+
+   private:
+    Device d_;
+    double gib_;
+  };
+  auto cpu = ops::make_cpu_backend(1);
+  EXPECT_EQ(runtime::default_chunked_prefill_size(*cpu), 512);
+  EXPECT_EQ(runtime::default_chunked_prefill_size(Sized(*cpu, Device::Cpu, 512)), 512);
+  EXPECT_EQ(runtime::default_chunked_prefill_size(Sized(*cpu, Device::Cuda, 24)), 2048);
+  EXPECT_EQ(runtime::default_chunked_prefill_size(Sized(*cpu, Device::Cuda, 48)), 4096);
+  EXPECT_EQ(runtime::default_chunked_prefill_size(Sized(*cpu, Device::Cuda, 79.6)), 8192);   // H100
+  EXPECT_EQ(runtime::default_chunked_prefill_size(Sized(*cpu, Device::Cuda, 139.8)), 8192);  // H200
+  EXPECT_EQ(runtime::default_chunked_prefill_size(Sized(*cpu, Device::Cuda, 178)), 16384);
 }
 
 TEST(Engine, EverythingAtOnceKeepsGreedyTokens) {
