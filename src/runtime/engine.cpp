@@ -116,6 +116,7 @@ struct Engine::Impl {
   int64_t prepare();
   void measure_step(int64_t n_seqs, int64_t n_tokens, bool long_context);
   int64_t kv_pool_blocks() const;
+  int64_t kv_blocks_affordable(const model::Model& m, const ops::Backend& b) const;
   std::vector<int64_t> graph_sizes() const;
   void capture_decode_graphs();
   void fit_context_to_kv_cache();
@@ -224,8 +225,16 @@ void Engine::Impl::measure_step(int64_t n_seqs, int64_t n_tokens, bool long_cont
 
 int64_t Engine::Impl::kv_pool_blocks() const {
   if (config.kv_blocks > 0) return config.kv_blocks;
-  const int64_t per_block = kv_bytes_per_block(model.kv_layout(), config.block_size, backend.kv_dtype());
-  const ops::MemoryInfo mem = backend.memory_info();
+  // Every rank holds a cache of the pool's blocks (its own heads of each): the pool is what the
+  // fullest GPU affords.
+  int64_t n = INT64_MAX;
+  for (int r = 0; r < ranks.size(); ++r) n = std::min(n, kv_blocks_affordable(ranks.model(r), ranks.backend(r)));
+  return n;
+}
+
+int64_t Engine::Impl::kv_blocks_affordable(const model::Model& m, const ops::Backend& b) const {
+  const int64_t per_block = kv_bytes_per_block(m.kv_layout(), config.block_size, b.kv_dtype());
+  const ops::MemoryInfo mem = b.memory_info();
   int64_t budget = config.kv_memory_bytes > 0 ? config.kv_memory_bytes : int64_t(256) << 20;
   std::string source = str_cat("--kv-memory (", budget, " bytes)");
   if (mem.total_bytes > 0) {

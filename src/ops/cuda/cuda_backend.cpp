@@ -162,8 +162,14 @@ class CudaBackend final : public Backend {
     TETRA_CUDA_CHECK(cudaMemsetAsync(dst.data, 0, size_t(dst.nbytes()), stream_));
   }
   MemoryInfo memory_info() const override {
+    // cudaMemGetInfo reads the calling thread's device, which may be another rank's.
+    int current = 0;
+    TETRA_CUDA_CHECK(cudaGetDevice(&current));
+    TETRA_CUDA_CHECK(cudaSetDevice(device_));
     size_t free = 0, total = 0;
-    TETRA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    const cudaError_t err = cudaMemGetInfo(&free, &total);
+    TETRA_CUDA_CHECK(cudaSetDevice(current));
+    TETRA_CUDA_CHECK(err);
     return {int64_t(free), int64_t(total)};
   }
   TensorView upload(TensorView host) override {
