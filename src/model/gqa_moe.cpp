@@ -120,7 +120,9 @@ class GqaMoeModel : public Model {
 
     b.embedding(ctx, io_.embed, in.token_ids, h);
     b.rms_norm(ctx, h, layers_.front().input_norm, float(c.rms_norm_eps), x);
+    const int64_t layer_scratch = arena.mark();  // each layer's ops' scratch is freed after it
     for (size_t l = 0; l < layers_.size(); ++l) {
+      arena.rewind(layer_scratch);
       const Layer& layer = layers_[l];
       const AttentionWeights& a = layer.attn;
       // x holds rms_norm(h) with this layer's input norm.

@@ -154,7 +154,9 @@ class MlaMoeModel : public Model {
     if (c.index_topk > 0) selected = arena.alloc(DType::I32, {t, c.index_topk});
 
     b.embedding(ctx, io_.embed, in.token_ids, h);
+    const int64_t layer_scratch = arena.mark();  // each layer's ops' scratch is freed after it
     for (size_t l = 0; l < layers_.size(); ++l) {
+      arena.rewind(layer_scratch);
       const Layer& layer = layers_[l];
       const MlaWeights& w = layer.attn;
       b.rms_norm(ctx, h, layer.input_norm, float(c.rms_norm_eps), x);

@@ -43,6 +43,15 @@ TensorView Arena::alloc(DType dtype, Shape shape) {
   return v;
 }
 
+void Arena::rewind(int64_t mark) {
+  TETRA_CHECK(mark >= 0 && mark <= used_, "arena: rewind to ", mark, " bytes, but ", used_, " are in use");
+  used_ = mark;
+  // One chunk: the offset is the bytes in use. While the arena grows over several chunks the
+  // later allocations take fresh bytes; the peak counts the reuse, so the one chunk that
+  // replaces them at the next reset is sized for it.
+  if (chunks_.size() == 1) offset_ = mark;
+}
+
 void Arena::reset() {
   // Several chunks mean the last step outgrew the arena: one chunk of the peak replaces them,
   // so later steps of that size take one buffer and stop allocating.

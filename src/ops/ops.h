@@ -418,6 +418,11 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
 
   TensorView alloc(DType dtype, Shape shape);
+  // What is allocated after mark() is free again at rewind(mark): a model's layer loop frees
+  // each layer's scratch, so a step holds one layer's, not every layer's. Reuse within a step
+  // is safe in stream order: each kernel waits for the one before it before it writes.
+  int64_t mark() const { return used_; }
+  void rewind(int64_t mark);
   void reset();
   void freeze();
   bool frozen() const { return frozen_; }

@@ -346,6 +346,7 @@ void Engine::Impl::publish_stats() {
   EngineStats s;
   s.running = scheduler.n_running();
   s.waiting = scheduler.n_waiting();
+  s.step_arena_bytes = arena.capacity_bytes();
   s.kv_blocks_total = blocks.n_total();
   s.kv_blocks_free = blocks.n_free();
   s.kv_blocks_used = s.kv_blocks_total - s.kv_blocks_free;

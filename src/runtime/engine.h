@@ -121,6 +121,7 @@ struct EngineStats {
   int64_t graph_steps = 0;   // of them, decode steps run from a decode graph (or its eager twin)
   int64_t failed_steps = 0;  // forwards that threw (a device fault): their requests got Error
   double device_wait_s = 0;  // seconds the engine thread waited for the device to finish steps
+  int64_t step_arena_bytes = 0;  // rank 0's step arena, sized by the measuring pass
 };
 
 class Engine {

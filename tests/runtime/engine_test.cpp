@@ -269,6 +269,26 @@ TEST(Engine, GraphSizesAscendToTheCap) {
   EXPECT_EQ(runtime::decode_graph_sizes(256).size(), 35u);
 }
 
+// Each layer's scratch is free again once the layer is done, so a model's step arena holds
+// the largest layer's: it does not grow with the model's depth. (Both tiny models' second
+// layer differs from their third: qwen3_moe's layer 1 is a dense MLP, deepseek_v3's layer 0;
+// the third needs no more than the first two.)
+TEST(Engine, TheStepArenaDoesNotGrowWithTheLayers) {
+  auto backend = ops::make_cpu_backend(1);
+  for (const char* fixture : {"qwen3_moe-tiny", "deepseek_v3-tiny"}) {
+    auto arena_bytes = [&](int layers) {
+      auto m = model::load_model(std::filesystem::path(TETRA_SOURCE_DIR) / "tests" / "fixtures" / fixture, *backend,
+                                 {.hf_overrides = str_cat("{\"num_hidden_layers\": ", layers, "}")});
+      EXPECT_EQ(m->config().n_layers, layers);
+      runtime::Engine engine(*m, *backend, testing::small_config());
+      return engine.stats().step_arena_bytes;
+    };
+    const int64_t two = arena_bytes(2);
+    EXPECT_GT(two, 0) << fixture;
+    EXPECT_LE(arena_bytes(3), two) << fixture;
+  }
+}
+
 // What `tetra serve` takes without --chunked-prefill-size: SGLang's table by GPU memory.
 TEST(Engine, DefaultPrefillChunkFollowsTheDevicesMemory) {
   class Sized final : public ops::ForwardingBackend {
