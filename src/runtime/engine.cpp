@@ -554,6 +554,9 @@ bool Engine::step() {
   s.publish_stats();
   if (!chunks.empty()) {
     did = true;
+    // The thread stepping the engine (a server's engine thread) drives rank 0's device, which
+    // need not be device 0 (--device cuda:N).
+    s.backend.make_current();
     s.run_chunks(chunks);
     // Pure decode batches may run several steps in a row without looking at the queue;
     // aborts still end a request before the next forward.

@@ -38,7 +38,10 @@ ModelRanks::~ModelRanks() {
 }
 
 void ModelRanks::run(const std::function<void(int)>& fn) {
-  if (!threads_) return fn(0);
+  if (!threads_) {
+    backends_[0]->make_current();
+    return fn(0);
+  }
   threads_->run([&](int r) {
     backends_[size_t(r)]->make_current();
     fn(r);
