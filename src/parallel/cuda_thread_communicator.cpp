@@ -166,8 +166,8 @@ void enable_peer_access(const std::vector<int>& devices) {
       int can = 0;
       TETRA_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
       TETRA_CHECK(can, "GPUs ", a, " and ", b,
-                  " cannot read each other's memory (no peer access), so ranks on them need an NCCL build "
-                  "(-DTETRA_NCCL=ON)");
+                  " cannot read each other's memory (no peer access), so ranks on them need NCCL "
+                  "(libnccl.so.2, or the file TETRA_NCCL_LIBRARY names)");
       TETRA_CUDA_CHECK(cudaSetDevice(a));
       const cudaError_t err = cudaDeviceEnablePeerAccess(b, 0);
       if (err == cudaErrorPeerAccessAlreadyEnabled)
