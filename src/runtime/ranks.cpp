@@ -48,6 +48,14 @@ void ModelRanks::run(const std::function<void(int)>& fn) {
   });
 }
 
+void ModelRanks::each_in_turn(const std::function<void(int)>& fn) const {
+  for (int r = 0; r < size(); ++r) {
+    backends_[size_t(r)]->make_current();
+    fn(r);
+  }
+  backends_[0]->make_current();
+}
+
 std::vector<ops::BackendOptions> rank_backend_options(const ops::BackendOptions& backend,
                                                       const parallel::Parallelism& p,
                                                       const std::vector<int>& cuda_devices) {
@@ -146,17 +154,14 @@ std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const o
 
 RankCaches::RankCaches(const ModelRanks& ranks, int block_size, int64_t n_blocks,
                        std::optional<uint64_t> random_seed) {
-  for (int r = 0; r < ranks.size(); ++r) {
-    ranks.backend(r).make_current();
+  ranks.each_in_turn([&](int r) {
     caches_.push_back(std::make_unique<KvCache>(ranks.backend(r), ranks.model(r).kv_layout(), block_size, n_blocks,
                                                 random_seed));
-  }
-  ranks.backend(0).make_current();
+  });
 }
 
 RankSteps::RankSteps(ModelRanks& ranks, int block_size, StepCapacity capacity) : ranks_(ranks) {
-  for (int r = 0; r < ranks.size(); ++r) {
-    ranks.backend(r).make_current();
+  ranks.each_in_turn([&](int r) {
     State s;
     s.arena = std::make_unique<ops::Arena>(ranks.backend(r));
     s.builder = std::make_unique<StepBuilder>(ranks.backend(r), block_size, capacity);
@@ -164,8 +169,7 @@ RankSteps::RankSteps(ModelRanks& ranks, int block_size, StepCapacity capacity) :
     s.ctx.arena = s.arena.get();
     s.ctx.comm = ranks.comm(r);
     ranks_state_.push_back(std::move(s));
-  }
-  ranks.backend(0).make_current();
+  });
 }
 
 RankSteps::~RankSteps() = default;

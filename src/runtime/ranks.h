@@ -42,6 +42,9 @@ class ModelRanks {
   // none hangs; the first failure is rethrown here. Once aborted, every later collective
   // throws: a failed rank is the end of the group.
   void run(const std::function<void(int rank)>& fn);
+  // fn(rank) for each rank in turn on this thread, with that rank's device current; rank 0's is
+  // current again after (for building what each rank holds: caches, arenas).
+  void each_in_turn(const std::function<void(int rank)>& fn) const;
 
  private:
   std::vector<std::unique_ptr<ops::Backend>> own_backends_;
