@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/elementwise.h"
+#include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/device_props.h"
 #include "ops/cuda/gemm_dense.h"
 #include "ops/cuda/gemm_skinny.h"
@@ -210,8 +211,7 @@ int run_linear_bench(const LinearBenchOptions& opt) {
   TETRA_CHECK(!opt.tokens.empty(), "no token counts to measure");
   for (int t : opt.tokens) TETRA_CHECK(t >= 1 && t <= 4096, "token counts must be in 1..4096");
   // After the flags, so that a bad one is named even on a machine without a GPU.
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+  if (!ops::cuda::cuda_device_present()) {
     std::fprintf(stderr, "tetra bench linear: no CUDA device is visible\n");
     return 1;
   }

@@ -20,6 +20,7 @@
 #include "bench/moe_baseline.h"
 #include "bench/read_probe.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/device_props.h"
 #include "ops/cuda/elementwise.h"
 #include "ops/cuda/moe.h"
@@ -333,8 +334,7 @@ int run_moe_bench(const MoeBenchOptions& opt) {
     TETRA_CHECK(r == "uniform" || r == "skewed", "routing must be uniform or skewed, not '", r, "'");
 
   // After the flags, so that a bad one is named even on a machine without a GPU.
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+  if (!ops::cuda::cuda_device_present()) {
     std::fprintf(stderr, "tetra bench moe: no CUDA device is visible\n");
     return 1;
   }
