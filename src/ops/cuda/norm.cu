@@ -3,14 +3,10 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/norm_row.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // Narrow rows (qk-norm heads, hidden states of tiny models): one warp per row; rows wider
 // than norm_row_kernel holds: one block per row walking it (block_row). With `delta`, x += delta
@@ -87,7 +83,6 @@ __global__ void __launch_bounds__(kRowThreads) norm_row_kernel(void* x, DType xd
   pdl_wait();
   pdl_launch_dependents();
   __shared__ float partial[kRowThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t base = int64_t(blockIdx.x) * d;
   float v[kPer];
 #pragma unroll
@@ -104,28 +99,18 @@ __global__ void __launch_bounds__(kRowThreads) norm_row_kernel(void* x, DType xd
       store_float(x, base + i, xdt, v[j]);
     }
   }
-  auto block_sum = [&](float s) {
-    s = warp_sum(s);
-    if (lane == 0) partial[warp] = s;
-    __syncthreads();
-    float total = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kRowThreads / 32; ++k) total += partial[k];
-    __syncthreads();  // partial is reused by the next sum
-    return total;
-  };
   float mean = 0.0f;
   if (kLayerNorm) {
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) s += v[j];  // zeros past d
-    mean = block_sum(s) / float(d);
+    mean = block_sum<kRowThreads>(s, partial) / float(d);
   }
   float sq = 0.0f;
 #pragma unroll
   for (int j = 0; j < kPer; ++j)
     if (threadIdx.x + int64_t(j) * kRowThreads < d) sq += (v[j] - mean) * (v[j] - mean);
-  const float inv = rsqrtf(block_sum(sq) / float(d) + eps);
+  const float inv = rsqrtf(block_sum<kRowThreads>(sq, partial) / float(d) + eps);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;

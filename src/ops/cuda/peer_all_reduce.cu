@@ -1,0 +1,325 @@
+#include "ops/cuda/peer_all_reduce.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_values.cuh"
+#include "ops/cuda/launch.cuh"
+#include "ops/cuda/norm_row.cuh"
+
+namespace tetra::ops::cuda {
+namespace {
+
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void store_release(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// This block's launch number (after pdl_wait: the launch before wrote it).
+__device__ __forceinline__ uint32_t next_epoch(const PeerGroup& g) {
+  __shared__ uint32_t epoch;
+  if (threadIdx.x == 0) {
+    uint32_t* mine = &g.flags[g.rank]->epoch[blockIdx.x];
+    epoch = *mine + 1;
+    *mine = epoch;  // read again only by this block's next launch
+  }
+  __syncthreads();
+  return epoch;
+}
+
+template <typename T>
+__device__ __forceinline__ T* staging(const PeerGroup& g, int rank, uint32_t epoch) {
+  return reinterpret_cast<T*>(static_cast<char*>(g.staging[rank]) + (epoch & 1) * g.half_bytes);
+}
+
+// This block's slice is in its staging: tells every other rank's block of the same index, then
+// waits until each has said the same (a flag at or past `epoch`: a rank may already be a launch
+// ahead). False, in every thread, when the group was aborted meanwhile.
+__device__ bool exchange(const PeerGroup& g, uint32_t epoch) {
+  __syncthreads();  // every thread's part of the slice is written
+  bool aborted = false;
+  const int peer = int(threadIdx.x);
+  if (peer < g.size && peer != g.rank) {
+    __threadfence_system();
+    store_release(&g.flags[peer]->flag[blockIdx.x][g.rank], epoch);
+    const uint32_t* theirs = &g.flags[g.rank]->flag[blockIdx.x][peer];
+    for (uint32_t spins = 1; int32_t(load_acquire(theirs) - epoch) < 0; ++spins)
+      if (spins % 1024 == 0 && *g.abort) {  // mapped host memory: read now and then
+        aborted = true;
+        break;
+      }
+  }
+  return !__syncthreads_or(aborted);
+}
+
+// Elements [lo, hi) of n, split into kPeerBlocks slices of whole vectors of kVec.
+template <int kVec>
+__device__ __forceinline__ void slice_of_block(int64_t n, int64_t& lo, int64_t& hi) {
+  const int64_t vecs = (n + kVec - 1) / kVec;
+  const int64_t per = (vecs + kPeerBlocks - 1) / kPeerBlocks * kVec;
+  lo = std::min<int64_t>(n, blockIdx.x * per);
+  hi = std::min<int64_t>(n, lo + per);
+}
+
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Vec {
+  T v[kVec];
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Another rank's staging is read through L2 only: its lines are new to this launch.
+template <typename V>
+__device__ __forceinline__ V load_peer(const V* p) {
+  static_assert(sizeof(V) == 16 || sizeof(V) == 8 || sizeof(V) == 4 || sizeof(V) == 2 || sizeof(V) == 1,
+                "peer loads are of 1, 2, 4, 8 or 16 bytes");
+  if constexpr (sizeof(V) == 16) {
+    const uint4 u = __ldcg(reinterpret_cast<const uint4*>(p));
+    return *reinterpret_cast<const V*>(&u);
+  } else if constexpr (sizeof(V) == 8) {
+    const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
+    return *reinterpret_cast<const V*>(&u);
+  } else if constexpr (sizeof(V) == 4) {
+    const unsigned u = __ldcg(reinterpret_cast<const unsigned*>(p));
+    return *reinterpret_cast<const V*>(&u);
+  } else if constexpr (sizeof(V) == 2) {
+    const unsigned short u = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    return *reinterpret_cast<const V*>(&u);
+  } else {
+    const unsigned char u = __ldcg(reinterpret_cast<const unsigned char*>(p));
+    return *reinterpret_cast<const V*>(&u);
+  }
+}
+
+// x [n] in place: x = sum over ranks, in rank order, of their x (n <= half_bytes / sizeof(T)).
+template <typename T, int kVec>
+__global__ void all_reduce_sum_kernel(PeerGroup g, T* x, int64_t n) {
+  using V = Vec<T, kVec>;
+  pdl_wait();
+  const uint32_t epoch = next_epoch(g);
+  int64_t lo, hi;
+  slice_of_block<kVec>(n, lo, hi);
+  V* mine = staging<V>(g, g.rank, epoch);
+  V* xs = reinterpret_cast<V*>(x);
+  for (int64_t i = lo / kVec + threadIdx.x; i < hi / kVec; i += blockDim.x) mine[i] = xs[i];
+  if (!exchange(g, epoch)) return;
+  pdl_launch_dependents();
+  for (int64_t i = lo / kVec + threadIdx.x; i < hi / kVec; i += blockDim.x) {
+    float acc[kVec] = {};
+    for (int r = 0; r < g.size; ++r) {
+      const V part = r == g.rank ? mine[i] : load_peer(staging<V>(g, r, epoch) + i);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc[k] += to_float(part.v[k]);
+    }
+    V sum;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) sum.v[k] = from_float<T>(acc[k]);
+    xs[i] = sum;
+  }
+}
+
+// out [size * n] = every rank's x [n] (as units of kVec words or bytes).
+template <typename U>
+__global__ void all_gather_kernel(PeerGroup g, const U* x, int64_t n, U* out) {
+  pdl_wait();
+  const uint32_t epoch = next_epoch(g);
+  int64_t lo, hi;
+  slice_of_block<1>(n, lo, hi);
+  U* mine = staging<U>(g, g.rank, epoch);
+  for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) mine[i] = x[i];
+  if (!exchange(g, epoch)) return;
+  pdl_launch_dependents();
+  for (int r = 0; r < g.size; ++r) {
+    const U* src = staging<U>(g, r, epoch);
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+      out[r * n + i] = r == g.rank ? mine[i] : load_peer(src + i);
+  }
+}
+
+// Rows of d values, one block of kRowThreads each (the rows b, b + kPeerBlocks, ...; rows <=
+// half_bytes / (d * sizeof(T))): h += the rank-order sum of delta, out = rms_norm(h) * w, each
+// thread holding kPer values of a row as norm.cu's norm_row_kernel does.
+template <typename T, int kPer, int kRowThreads>
+__global__ void __launch_bounds__(kRowThreads)
+    all_reduce_add_rms_norm_kernel(PeerGroup g, const T* delta, T* h, const void* w, DType wdt, float eps, void* out,
+                                   DType odt, int64_t rows, int64_t d) {
+  float wv[kPer];  // the model's weight, fixed at load: read before the wait (launch.cuh)
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    wv[j] = i < d ? load_float(w, i, wdt) : 0.0f;
+  }
+  pdl_wait();
+  const uint32_t epoch = next_epoch(g);
+  T* mine = staging<T>(g, g.rank, epoch);
+  for (int64_t row = blockIdx.x; row < rows; row += kPeerBlocks)
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+      if (i < d) mine[row * d + i] = delta[row * d + i];
+    }
+  if (!exchange(g, epoch)) return;
+  pdl_launch_dependents();
+  __shared__ float partial[kRowThreads / 32];
+  const DType hdt = sizeof(T) == 2 ? DType::BF16 : DType::F32;
+  for (int64_t row = blockIdx.x; row < rows; row += kPeerBlocks) {
+    const int64_t base = row * d;
+    float v[kPer];
+    float sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+      v[j] = 0.0f;
+      if (i >= d) continue;
+      float acc = 0.0f;
+      for (int r = 0; r < g.size; ++r)
+        acc += to_float(r == g.rank ? mine[base + i] : load_peer(staging<T>(g, r, epoch) + base + i));
+      const float sum = to_float(from_float<T>(acc));                  // what the all-reduce stores
+      v[j] = round_to(hdt, to_float(h[base + i]) + sum);               // what add_rms_norm stores
+      h[base + i] = from_float<T>(v[j]);
+      sq += v[j] * v[j];
+    }
+    const float inv = rsqrtf(block_sum<kRowThreads>(sq, partial) / float(d) + eps);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+      if (i < d) store_float(out, base + i, odt, wv[j] * (v[j] * inv));
+    }
+  }
+}
+
+constexpr int kThreads = 512;
+
+void check_group(const PeerGroup& g, const char* op) {
+  TETRA_CHECK(g.size >= 1 && g.size <= kMaxPeerRanks && g.rank >= 0 && g.rank < g.size && g.half_bytes > 0 &&
+                  g.abort != nullptr,
+              op, ": the peer group is not set up");
+  for (int r = 0; r < g.size; ++r)
+    TETRA_CHECK(g.flags[r] && g.staging[r], op, ": rank ", r, "'s flags or staging is missing");
+}
+
+template <typename T>
+void launch_sum(const KernelLaunch& launch, const PeerGroup& g, T* x, int64_t n) {
+  constexpr int kVec = 16 / sizeof(T);  // 16-byte vectors where x allows them
+  if (aligned16(x) && n % kVec == 0)
+    launch_kernel(launch, all_reduce_sum_kernel<T, kVec>, kPeerBlocks, kThreads, 0, g, x, n);
+  else
+    launch_kernel(launch, all_reduce_sum_kernel<T, 1>, kPeerBlocks, kThreads, 0, g, x, n);
+}
+
+template <typename T, int kPer, int kRowThreads>
+void launch_norm_rows(const KernelLaunch& launch, const PeerGroup& g, TensorView delta, TensorView h,
+                      TensorView weight, float eps, TensorView out, int64_t rows, int64_t d) {
+  launch_kernel(launch, all_reduce_add_rms_norm_kernel<T, kPer, kRowThreads>, kPeerBlocks, kRowThreads, 0, g,
+                static_cast<const T*>(delta.data), static_cast<T*>(h.data), weight.data, weight.dtype, eps,
+                out.data, out.dtype, rows, d);
+}
+
+template <typename T>
+void launch_norm(const KernelLaunch& launch, const PeerGroup& g, TensorView delta, TensorView h, TensorView weight,
+                 float eps, TensorView out, int64_t rows, int64_t d) {
+  // The thread layouts of norm.cu's launch_norm for rows of 512 to 8,192 values.
+  if (d <= 4 * 256) launch_norm_rows<T, 4, 256>(launch, g, delta, h, weight, eps, out, rows, d);
+  else if (d <= 8 * 256) launch_norm_rows<T, 8, 256>(launch, g, delta, h, weight, eps, out, rows, d);
+  else if (d <= 8 * 512) launch_norm_rows<T, 8, 512>(launch, g, delta, h, weight, eps, out, rows, d);
+  else launch_norm_rows<T, 8, 1024>(launch, g, delta, h, weight, eps, out, rows, d);
+}
+
+}  // namespace
+
+void load_peer_kernels() {
+  cudaFuncAttributes a{};
+  auto load = [&](auto kernel) { TETRA_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel)); };
+  load(all_reduce_sum_kernel<float, 4>);
+  load(all_reduce_sum_kernel<float, 1>);
+  load(all_reduce_sum_kernel<__nv_bfloat16, 8>);
+  load(all_reduce_sum_kernel<__nv_bfloat16, 1>);
+  load(all_gather_kernel<uint4>);
+  load(all_gather_kernel<uint8_t>);
+  load(all_reduce_add_rms_norm_kernel<float, 4, 256>);
+  load(all_reduce_add_rms_norm_kernel<float, 8, 256>);
+  load(all_reduce_add_rms_norm_kernel<float, 8, 512>);
+  load(all_reduce_add_rms_norm_kernel<float, 8, 1024>);
+  load(all_reduce_add_rms_norm_kernel<__nv_bfloat16, 4, 256>);
+  load(all_reduce_add_rms_norm_kernel<__nv_bfloat16, 8, 256>);
+  load(all_reduce_add_rms_norm_kernel<__nv_bfloat16, 8, 512>);
+  load(all_reduce_add_rms_norm_kernel<__nv_bfloat16, 8, 1024>);
+}
+
+void peer_all_reduce_sum(const KernelLaunch& launch, const PeerGroup& g, TensorView x) {
+  check_group(g, "all_reduce_sum");
+  TETRA_CHECK(x.dtype == DType::F32 || x.dtype == DType::BF16, "all_reduce_sum: ", dtype_name(x.dtype),
+              " tensors are not summed (F32 or BF16)");
+  TETRA_CHECK(x.empty() || x.device == Device::Cuda, "all_reduce_sum: x is not on the GPU");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  TETRA_CHECK(x.nbytes() <= g.half_bytes, "all_reduce_sum: ", x.nbytes(), " bytes is more than the ", g.half_bytes,
+              " a staging half holds (the communicator splits larger messages)");
+  if (x.dtype == DType::F32) launch_sum(launch, g, static_cast<float*>(x.data), n);
+  else launch_sum(launch, g, static_cast<__nv_bfloat16*>(x.data), n);
+  TETRA_CUDA_CHECK_LAUNCH("peer all_reduce_sum");
+}
+
+void peer_all_gather(const KernelLaunch& launch, const PeerGroup& g, TensorView x, TensorView out) {
+  check_group(g, "all_gather");
+  TETRA_CHECK(out.dtype == x.dtype && out.numel() == x.numel() * g.size, "all_gather: out is ",
+              dtype_name(out.dtype), " of ", out.numel(), " elements, not ", dtype_name(x.dtype), " of ", g.size,
+              " x ", x.numel());
+  TETRA_CHECK(x.empty() || (x.device == Device::Cuda && out.device == Device::Cuda),
+              "all_gather: x and out must be on the GPU");
+  const int64_t bytes = x.nbytes();
+  if (bytes == 0) return;
+  // One launch gathers the whole message (the models gather nothing larger than a step's ids).
+  TETRA_CHECK(bytes <= g.half_bytes, "all_gather: ", bytes, " bytes a rank is more than the ", g.half_bytes,
+              " the peer staging holds");
+  const bool words = aligned16(x.data) && aligned16(out.data) && bytes % 16 == 0;
+  if (words)
+    launch_kernel(launch, all_gather_kernel<uint4>, kPeerBlocks, kThreads, 0, g, static_cast<const uint4*>(x.data),
+                  bytes / 16, static_cast<uint4*>(out.data));
+  else
+    launch_kernel(launch, all_gather_kernel<uint8_t>, kPeerBlocks, kThreads, 0, g,
+                  static_cast<const uint8_t*>(x.data), bytes, static_cast<uint8_t*>(out.data));
+  TETRA_CUDA_CHECK_LAUNCH("peer all_gather");
+}
+
+bool peer_add_rms_norm_takes(int64_t d, DType dtype, const PeerGroup& g) {
+  const int64_t elem = dtype == DType::BF16 ? 2 : dtype == DType::F32 ? 4 : 0;
+  return elem > 0 && d >= 512 && d <= 8 * 1024 && d * elem <= g.half_bytes;
+}
+
+void peer_all_reduce_add_rms_norm(const KernelLaunch& launch, const PeerGroup& g, TensorView delta, TensorView h,
+                                  TensorView weight, float eps, TensorView out) {
+  check_group(g, "all_reduce_add_rms_norm");
+  const int64_t d = h.empty() ? 0 : h.dim(-1);
+  TETRA_CHECK(peer_add_rms_norm_takes(d, h.dtype, g), "all_reduce_add_rms_norm: rows of ", d, " ",
+              dtype_name(h.dtype), " values are not taken (BF16 or F32, 512 to 8192 a row)");
+  TETRA_CHECK(delta.numel() == h.numel() && delta.dtype == h.dtype && out.numel() == h.numel() &&
+                  weight.numel() == d && out.data != h.data && out.data != delta.data,
+              "all_reduce_add_rms_norm: delta, h and out must be alike in size, delta and h in dtype, the weight a "
+              "row long, and out a third tensor");
+  TETRA_CHECK(h.device == Device::Cuda && delta.device == Device::Cuda && out.device == Device::Cuda,
+              "all_reduce_add_rms_norm: the tensors must be on the GPU");
+  const int64_t rows = h.numel() / d;
+  if (rows == 0) return;
+  TETRA_CHECK(h.nbytes() <= g.half_bytes, "all_reduce_add_rms_norm: ", h.nbytes(), " bytes is more than the ",
+              g.half_bytes, " a staging half holds (the communicator splits larger messages)");
+  if (h.dtype == DType::F32) launch_norm<float>(launch, g, delta, h, weight, eps, out, rows, d);
+  else launch_norm<__nv_bfloat16>(launch, g, delta, h, weight, eps, out, rows, d);
+  TETRA_CUDA_CHECK_LAUNCH("peer all_reduce_add_rms_norm");
+}
+
+}  // namespace tetra::ops::cuda
