@@ -1,8 +1,9 @@
 // Collectives among the ranks one model is split over (tensor and expert parallelism). One
 // Communicator a rank, as NCCL has one communicator a device: every rank calls the same
 // collectives in the same order with tensors of the same shape. The CPU implementation
-// (parallel/cpu_communicator.h) joins ranks that are threads of one process; an NCCL one
-// joins the GPUs of one host. It travels in ops::Context, never in a global.
+// (parallel/cpu_communicator.h) joins ranks that are threads of one process; on CUDA, ranks
+// that are threads meet through peer memory (parallel/cuda_peer_communicator.h) and NCCL joins
+// GPUs. It travels in ops::Context, never in a global.
 #pragma once
 
 #include <string>
@@ -23,6 +24,17 @@ class Communicator {
   virtual void all_reduce_sum(const Context& ctx, TensorView x) = 0;
   // out [size * n] = every rank's x [n] one after another in rank order (same dtype).
   virtual void all_gather(const Context& ctx, TensorView x, TensorView out) = 0;
+  // h += the sum of every rank's delta, then out = rms_norm(h) * weight, as all_reduce_sum(delta)
+  // and Backend::add_rms_norm would leave them, in one step where this communicator can fuse
+  // the two; delta then holds its own part or the sum. False where it cannot (nothing done):
+  // the caller runs the two.
+  virtual bool all_reduce_sum_add_rms_norm(const Context& ctx, TensorView delta, TensorView h, TensorView weight,
+                                           float eps, TensorView out) {
+    (void)ctx, (void)delta, (void)h, (void)weight, (void)eps, (void)out;
+    return false;
+  }
+  // Whether its collectives may be captured in a CUDA graph and replayed (nothing on the host).
+  virtual bool capturable() const { return false; }
   // A rank failed: every rank's collective that waits now or is called later throws, with
   // `reason` in its message, instead of waiting for a rank that will never come.
   virtual void abort(const std::string& reason) = 0;

@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <array>
-#include <set>
 #include <string>
 
 #include "core/dtype.h"
@@ -11,25 +10,11 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/rank_sum.h"
 #include "ops/ops.h"
+#include "parallel/cuda_devices.h"
 #include "parallel/rank_barrier.h"
 
 namespace tetra::parallel {
 namespace {
-
-// Puts the calling thread's current device back on scope exit (construction and destruction
-// may run on a thread that drives another device).
-class RestoreDevice {
- public:
-  RestoreDevice() {
-    if (cudaGetDevice(&device_) != cudaSuccess) device_ = -1;
-  }
-  ~RestoreDevice() {
-    if (device_ >= 0) cudaSetDevice(device_);
-  }
-
- private:
-  int device_ = -1;
-};
 
 // What the ranks share: their devices, the barrier, and each rank's input to the collective
 // in progress.
@@ -154,29 +139,6 @@ class CudaThreadCommunicator : public ops::Communicator {
   size_t scratch_bytes_ = 0;
 };
 
-// The sum and the gather read every rank's tensor where it lies, so each GPU must reach the
-// memory of every other.
-void enable_peer_access(const std::vector<int>& devices) {
-  const std::set<int> distinct(devices.begin(), devices.end());
-  if (distinct.size() < 2) return;
-  RestoreDevice restore;
-  for (int a : distinct)
-    for (int b : distinct) {
-      if (a == b) continue;
-      int can = 0;
-      TETRA_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
-      TETRA_CHECK(can, "GPUs ", a, " and ", b,
-                  " cannot read each other's memory (no peer access), so ranks on them need NCCL "
-                  "(libnccl.so.2, or the file TETRA_NCCL_LIBRARY names)");
-      TETRA_CUDA_CHECK(cudaSetDevice(a));
-      const cudaError_t err = cudaDeviceEnablePeerAccess(b, 0);
-      if (err == cudaErrorPeerAccessAlreadyEnabled)
-        cudaGetLastError();  // enabled before, by an earlier group: not an error
-      else
-        TETRA_CUDA_CHECK(err);
-    }
-}
-
 }  // namespace
 
 std::vector<std::unique_ptr<ops::Communicator>> make_cuda_thread_communicators(const std::vector<int>& devices) {
@@ -184,11 +146,7 @@ std::vector<std::unique_ptr<ops::Communicator>> make_cuda_thread_communicators(c
   TETRA_CHECK(n >= 1, "a communicator needs at least one rank");
   TETRA_CHECK(n <= ops::cuda::kMaxRankSumSources, "the CUDA thread communicator joins at most ",
               ops::cuda::kMaxRankSumSources, " ranks, not ", n);
-  int count = 0;
-  TETRA_CUDA_CHECK(cudaGetDeviceCount(&count));
-  for (int r = 0; r < n; ++r)
-    TETRA_CHECK(devices[size_t(r)] >= 0 && devices[size_t(r)] < count, "rank ", r, "'s CUDA device ",
-                devices[size_t(r)], " does not exist (this machine has ", count, ")");
+  check_devices_exist(devices);
   enable_peer_access(devices);
   auto shared = std::make_shared<Shared>(devices);
   std::vector<std::unique_ptr<ops::Communicator>> comms;

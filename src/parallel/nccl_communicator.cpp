@@ -58,6 +58,9 @@ class NcclCommunicator : public ops::Communicator {
           "all-gather");
   }
 
+  // NCCL enqueues its collectives as kernels that a CUDA graph captures (NCCL 2.9 and later).
+  bool capturable() const override { return true; }
+
   void abort(const std::string& reason) override {
     // ncclCommAbort ends this rank's collectives still in flight (a kernel waiting for a
     // peer that failed), so its thread's next wait on the stream returns with an error.

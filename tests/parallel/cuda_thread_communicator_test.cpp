@@ -18,71 +18,15 @@
 #include "ops/ops.h"
 #include "parallel/cuda_thread_communicator.h"
 #include "parallel/rank_threads.h"
+#include "cuda_rank_test_util.h"
 
 namespace tetra::parallel {
 namespace {
 
-using ops::cuda::copy_and_wait;
-
-// A rank's stream and context, as the runtime gives each rank its own.
-struct Rank {
-  Rank() {
-    TETRA_CUDA_CHECK(cudaSetDevice(0));
-    TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    ctx.stream = stream;
-  }
-  ~Rank() { cudaStreamDestroy(stream); }
-  Rank(const Rank&) = delete;
-  Rank& operator=(const Rank&) = delete;
-  cudaStream_t stream = nullptr;
-  ops::Context ctx;
+// Every rank of a group of n on device 0.
+struct Group : RankGroup {
+  explicit Group(int n) : RankGroup(make_cuda_thread_communicators(std::vector<int>(size_t(n), 0))) {}
 };
-
-struct Group {
-  explicit Group(int n)
-      : comms(make_cuda_thread_communicators(std::vector<int>(size_t(n), 0))),
-        threads(n, [this](const std::string& why) {
-          for (auto& c : comms) c->abort(why);
-        }),
-        ranks(size_t(n)) {}
-  std::vector<std::unique_ptr<ops::Communicator>> comms;
-  RankThreads threads;
-  std::vector<Rank> ranks;
-};
-
-// A device tensor of n elements, uploaded from and read back to host vectors on a rank's stream.
-struct DeviceTensor {
-  DeviceTensor(DType dt, int64_t n) : dtype(dt), numel(n) {
-    TETRA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes(), 1)));
-  }
-  ~DeviceTensor() { cudaFree(p); }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-  size_t bytes() const { return size_t(numel) * dtype_bits(dtype) / 8; }
-  TensorView view() const { return {p, dtype, {numel}, Device::Cuda}; }
-  template <typename T>
-  void put(cudaStream_t s, const std::vector<T>& v) {
-    copy_and_wait(s, p, v.data(), bytes(), cudaMemcpyHostToDevice);
-  }
-  template <typename T>
-  std::vector<T> get(cudaStream_t s) const {
-    std::vector<T> v(bytes() / sizeof(T));
-    copy_and_wait(s, v.data(), p, bytes(), cudaMemcpyDeviceToHost);
-    return v;
-  }
-  void* p = nullptr;
-  DType dtype;
-  int64_t numel;
-};
-
-// Values whose f32 sum depends on the order it is taken in (from the third rank on).
-float value(int rank, int64_t i) {
-  switch (rank % 3) {
-    case 0: return 1e8f + 8.0f * float(i % 5);
-    case 1: return -1e8f;
-    default: return 1.0f + float(i % 1000) * 1e-3f + float(rank);
-  }
-}
 
 TEST(CudaThreadCommunicator, AllReduceSumsInRankOrderWithTheSameBitsEverywhere) {
   if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
@@ -93,7 +37,7 @@ TEST(CudaThreadCommunicator, AllReduceSumsInRankOrderWithTheSameBitsEverywhere) 
       std::vector<float> expect(size_t(len), 0.0f);
       for (int r = 0; r < n; ++r)
         for (int64_t i = 0; i < len; ++i) {
-          host[size_t(r)].push_back(value(r, i));
+          host[size_t(r)].push_back(order_sensitive_value(r, i));
           expect[size_t(i)] += host[size_t(r)][size_t(i)];  // acc = 0; acc += x_0; acc += x_1; ...
         }
       std::vector<std::vector<float>> got(static_cast<size_t>(n));

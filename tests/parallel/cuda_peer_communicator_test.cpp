@@ -1,0 +1,307 @@
+// The CUDA peer communicator with every rank on device 0 (the test machine has one GPU): sums
+// in rank order with the same bits on every rank, across one launch or several; the sum fused
+// with the residual add and RMSNorm leaves the bits the host-synchronised communicator and the
+// separate norm leave; collectives captured in a CUDA graph replay correctly; an abort frees a
+// rank waiting on the GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/norm.h"
+#include "ops/ops.h"
+#include "parallel/cuda_peer_communicator.h"
+#include "parallel/cuda_thread_communicator.h"
+#include "cuda_rank_test_util.h"
+
+namespace tetra::parallel {
+namespace {
+
+struct PeerGroup : RankGroup {
+  explicit PeerGroup(int n) : RankGroup(make_cuda_peer_communicators(std::vector<int>(size_t(n), 0))) {}
+};
+
+// The host's rank-order sum of F32 values (acc = 0; acc += x_0; acc += x_1; ...).
+std::vector<float> rank_order_sum(const std::vector<std::vector<float>>& parts) {
+  std::vector<float> sum(parts.front().size(), 0.0f);
+  for (const auto& p : parts)
+    for (size_t i = 0; i < p.size(); ++i) sum[i] += p[i];
+  return sum;
+}
+
+TEST(CudaPeerCommunicator, AllReduceSumsInRankOrderWithTheSameBitsEverywhere) {
+  if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  // 3 << 20 floats are 12 MiB: two launches through the 8 MiB staging.
+  for (int n : {2, 3, 5})
+    for (int64_t len : {int64_t(1), int64_t(7), int64_t(1001), int64_t(1 << 20) + 3, int64_t(3) << 20}) {
+      PeerGroup g(n);
+      std::vector<std::vector<float>> host(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r)
+        for (int64_t i = 0; i < len; ++i) host[size_t(r)].push_back(order_sensitive_value(r, i));
+      const std::vector<float> expect = rank_order_sum(host);
+      std::vector<std::vector<float>> got(static_cast<size_t>(n));
+      g.threads.run([&](int r) {
+        const cudaStream_t s = g.ranks[size_t(r)].stream;
+        DeviceTensor x(DType::F32, len);
+        x.put(s, host[size_t(r)]);
+        g.comms[size_t(r)]->all_reduce_sum(g.ranks[size_t(r)].ctx, x.view());
+        got[size_t(r)] = x.get<float>(s);
+      });
+      for (int r = 0; r < n; ++r)
+        EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expect.data(), expect.size() * 4), 0)
+            << n << " ranks, " << len << " elements, rank " << r;
+    }
+}
+
+TEST(CudaPeerCommunicator, AllReduceOfBf16RoundsTheF32SumOnce) {
+  if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const int n = 3;
+  // 4096: 16-byte vectors; 1001: one value at a time; 5 << 20 values are 10 MiB: two launches.
+  for (int64_t len : {int64_t(1001), int64_t(4096), int64_t(5) << 20}) {
+    PeerGroup g(n);
+    std::vector<std::vector<uint16_t>> host(n);
+    for (int64_t i = 0; i < len; ++i) {
+      host[0].push_back(f32_to_bf16(1.0f + float(i % 4) * 0.0078125f));
+      host[1].push_back(f32_to_bf16(0.00390625f));
+      host[2].push_back(f32_to_bf16(i % 7 == 0 ? 0.00390625f : 0.001953125f * float(i % 3)));
+    }
+    std::vector<uint16_t> expect;
+    for (int64_t i = 0; i < len; ++i) {
+      float acc = 0.0f;
+      for (int r = 0; r < n; ++r) acc += bf16_to_f32(host[size_t(r)][size_t(i)]);
+      expect.push_back(f32_to_bf16(acc));
+    }
+    ASSERT_EQ(expect[0], f32_to_bf16(1.0078125f));  // BF16 added one by one would give 1
+    std::vector<std::vector<uint16_t>> got(n);
+    g.threads.run([&](int r) {
+      const cudaStream_t s = g.ranks[size_t(r)].stream;
+      DeviceTensor x(DType::BF16, len);
+      x.put(s, host[size_t(r)]);
+      g.comms[size_t(r)]->all_reduce_sum(g.ranks[size_t(r)].ctx, x.view());
+      got[size_t(r)] = x.get<uint16_t>(s);
+    });
+    for (int r = 0; r < n; ++r) EXPECT_EQ(got[size_t(r)], expect) << len << " values, rank " << r;
+  }
+}
+
+// Every rank's h, delta and a shared weight for rows of d, BF16.
+struct NormInputs {
+  NormInputs(int n, int64_t rows, int64_t d) : delta(size_t(n)) {
+    for (int64_t i = 0; i < rows * d; ++i) {
+      h.push_back(f32_to_bf16(std::sin(0.37f * float(i)) * 3.0f));
+      for (int r = 0; r < n; ++r)
+        delta[size_t(r)].push_back(f32_to_bf16(std::cos(0.11f * float(i) + float(r)) * float(r + 1)));
+    }
+    for (int64_t i = 0; i < d; ++i) weight.push_back(f32_to_bf16(0.5f + float(i % 17) / 16.0f));
+  }
+  std::vector<uint16_t> h, weight;
+  std::vector<std::vector<uint16_t>> delta;
+};
+
+struct NormOutputs {
+  std::vector<uint16_t> h, out;
+};
+
+// Each rank's h and out after the fused step (`fused`), or after the thread communicator's sum
+// and norm.cu's add_rms_norm.
+std::vector<NormOutputs> add_rms_norm_of_parts(RankGroup& g, const NormInputs& in, int64_t rows, int64_t d,
+                                               bool fused) {
+  const int n = int(g.comms.size());
+  std::vector<NormOutputs> got(static_cast<size_t>(n));
+  g.threads.run([&](int r) {
+    const cudaStream_t s = g.ranks[size_t(r)].stream;
+    DeviceTensor h(DType::BF16, rows * d), delta(DType::BF16, rows * d), w(DType::BF16, d), out(DType::BF16, rows * d);
+    h.put(s, in.h);
+    delta.put(s, in.delta[size_t(r)]);
+    w.put(s, in.weight);
+    const Shape shape{rows, d};
+    const ops::Context& ctx = g.ranks[size_t(r)].ctx;
+    if (fused) {
+      EXPECT_TRUE(g.comms[size_t(r)]->all_reduce_sum_add_rms_norm(ctx, delta.view(shape), h.view(shape), w.view(),
+                                                                  1e-6f, out.view(shape)));
+    } else {
+      g.comms[size_t(r)]->all_reduce_sum(ctx, delta.view(shape));
+      ops::cuda::add_rms_norm({.stream = s}, h.view(shape), delta.view(shape), w.view(), 1e-6f, out.view(shape));
+    }
+    got[size_t(r)] = {h.get<uint16_t>(s), out.get<uint16_t>(s)};
+  });
+  return got;
+}
+
+TEST(CudaPeerCommunicator, TheSumFusedWithTheNormLeavesTheBitsOfTheTwoApart) {
+  if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    int64_t rows, d;
+  };
+  // Each of norm.cu's row layouts (512, 2048, 4096 and 7168 values), a ragged row (2,500), rows
+  // past the 32 blocks, and 2,100 rows of 2,048 (8.2 MiB: two launches).
+  for (int n : {2, 3})
+    for (Case c : {Case{1, 2048}, Case{3, 512}, Case{33, 2500}, Case{300, 4096}, Case{5, 7168}, Case{2100, 2048}}) {
+      const NormInputs in(n, c.rows, c.d);
+      PeerGroup peers(n);
+      RankGroup threads(make_cuda_thread_communicators(std::vector<int>(size_t(n), 0)));
+      const auto fused = add_rms_norm_of_parts(peers, in, c.rows, c.d, true);
+      const auto apart = add_rms_norm_of_parts(threads, in, c.rows, c.d, false);
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(fused[size_t(r)].h, apart[size_t(r)].h) << n << " ranks, " << c.rows << " x " << c.d << ", rank " << r;
+        EXPECT_EQ(fused[size_t(r)].out, apart[size_t(r)].out)
+            << n << " ranks, " << c.rows << " x " << c.d << ", rank " << r;
+        EXPECT_EQ(fused[size_t(r)].out, fused[0].out) << "rank " << r << " differs from rank 0";
+      }
+    }
+}
+
+TEST(CudaPeerCommunicator, ManyCollectivesOfChangingSizesAndKindsStayInStep) {
+  if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const int n = 3;
+  PeerGroup g(n);
+  std::atomic<int> wrong{0};
+  g.threads.run([&](int r) {
+    const cudaStream_t s = g.ranks[size_t(r)].stream;
+    const ops::Context& ctx = g.ranks[size_t(r)].ctx;
+    for (int step = 0; step < 150; ++step) {
+      const int64_t size = 1 + (step * 997) % 5000;
+      DeviceTensor x(DType::F32, size);
+      x.put(s, std::vector<float>(size_t(size), float(r + step)));
+      g.comms[size_t(r)]->all_reduce_sum(ctx, x.view());
+      for (float v : x.get<float>(s))
+        if (v != float(3 * step + 3)) ++wrong;
+      if (step % 3 == 0) {  // a gather of the rank's id between sums
+        DeviceTensor id(DType::I32, 1 + step % 5), all(DType::I32, n * (1 + step % 5));
+        id.put(s, std::vector<int32_t>(size_t(1 + step % 5), r));
+        g.comms[size_t(r)]->all_gather(ctx, id.view(), all.view());
+        const std::vector<int32_t> got = all.get<int32_t>(s);
+        for (size_t i = 0; i < got.size(); ++i)
+          if (got[i] != int32_t(i / size_t(1 + step % 5))) ++wrong;
+      }
+    }
+  });
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST(CudaPeerCommunicator, CollectivesCapturedInAGraphReplayWithNewInputs) {
+  if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const int n = 2;
+  const int64_t rows = 4, d = 1024;
+  PeerGroup g(n);
+  for (const auto& c : g.comms) EXPECT_TRUE(c->capturable());
+  std::atomic<int> wrong{0};
+  g.threads.run([&](int r) {
+    const cudaStream_t s = g.ranks[size_t(r)].stream;
+    const ops::Context& ctx = g.ranks[size_t(r)].ctx;
+    DeviceTensor x(DType::F32, 100), h(DType::BF16, rows * d), delta(DType::BF16, rows * d), w(DType::BF16, d),
+        out(DType::BF16, rows * d);
+    w.put(s, std::vector<uint16_t>(size_t(d), f32_to_bf16(1.0f)));
+    const Shape shape{rows, d};
+    cudaGraph_t graph = nullptr;
+    TETRA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    g.comms[size_t(r)]->all_reduce_sum(ctx, x.view());
+    const bool fused =
+        g.comms[size_t(r)]->all_reduce_sum_add_rms_norm(ctx, delta.view(shape), h.view(shape), w.view(), 1e-6f,
+                                                        out.view(shape));
+    TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    EXPECT_TRUE(fused);
+    cudaGraphExec_t exec = nullptr;
+    TETRA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int round = 0; round < 4; ++round) {
+      // Small integers: every sum is exact, and out = h / rms(h) = 1 for rows of equal values.
+      x.put(s, std::vector<float>(100, float(10 * round + r)));
+      h.put(s, std::vector<uint16_t>(size_t(rows * d), f32_to_bf16(float(round))));
+      delta.put(s, std::vector<uint16_t>(size_t(rows * d), f32_to_bf16(float(r + 1))));
+      TETRA_CUDA_CHECK(cudaGraphLaunch(exec, s));
+      for (float v : x.get<float>(s))
+        if (v != float(20 * round + 1)) ++wrong;
+      for (uint16_t v : h.get<uint16_t>(s))
+        if (bf16_to_f32(v) != float(round + 3)) ++wrong;
+      for (uint16_t v : out.get<uint16_t>(s))
+        if (std::fabs(bf16_to_f32(v) - 1.0f) > 1e-2f) ++wrong;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  });
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST(CudaPeerCommunicator, AnAbortFreesARankWaitingOnTheGpu) {
+  if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  PeerGroup g(2);
+  DeviceTensor x(DType::F32, 64);
+  const cudaStream_t s = g.ranks[0].stream;
+  // Outside a graph rank 0 would wait for rank 1 on the host; a graph's kernel waits on the GPU.
+  cudaGraph_t graph = nullptr;
+  TETRA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  g.comms[0]->all_reduce_sum(g.ranks[0].ctx, x.view());
+  TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  TETRA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  TETRA_CUDA_CHECK(cudaGraphLaunch(exec, s));  // rank 1 never comes: it spins until the abort
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(cudaStreamQuery(s), cudaErrorNotReady);
+  std::thread rank1([&] { g.comms[1]->abort("rank 1 is gone"); });
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  rank1.join();
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  try {
+    g.comms[0]->all_reduce_sum(g.ranks[0].ctx, x.view());
+    FAIL() << "a collective after the abort returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 is gone"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaPeerCommunicator, ARankThatThrowsAbortsTheOthersCollectives) {
+  if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const int n = 3;
+  PeerGroup g(n);
+  std::vector<std::unique_ptr<DeviceTensor>> x;
+  for (int r = 0; r < n; ++r) x.push_back(std::make_unique<DeviceTensor>(DType::F32, 8));
+  try {
+    g.threads.run([&](int r) {
+      if (r == 1) fail("rank one broke");
+      g.comms[size_t(r)]->all_reduce_sum(g.ranks[size_t(r)].ctx, x[size_t(r)]->view());  // waits for rank 1
+    });
+    FAIL() << "run returned normally";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "rank one broke");
+  }
+  EXPECT_THROW(g.comms[0]->all_reduce_sum(g.ranks[0].ctx, x[0]->view()), Error);
+}
+
+TEST(CudaPeerCommunicator, LargeMessagesGoToTheLargeCommunicator) {
+  if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const int n = 2;
+  RankGroup g(make_cuda_peer_communicators({0, 0}, make_cuda_thread_communicators({0, 0})));
+  for (const auto& c : g.comms) EXPECT_FALSE(c->capturable());  // the thread communicator is not
+  const int64_t big = int64_t(3) << 20, rows = 2100, d = 2048;    // 12 MiB; 8.2 MiB of BF16
+  std::vector<std::vector<float>> host(n);
+  for (int r = 0; r < n; ++r)
+    for (int64_t i = 0; i < big; ++i) host[size_t(r)].push_back(float(i % 1000) + float(r));
+  const std::vector<float> expect = rank_order_sum(host);
+  std::atomic<int> wrong{0}, fused{0};
+  g.threads.run([&](int r) {
+    const cudaStream_t s = g.ranks[size_t(r)].stream;
+    DeviceTensor x(DType::F32, big), t(DType::BF16, rows * d), w(DType::BF16, d);
+    x.put(s, host[size_t(r)]);
+    g.comms[size_t(r)]->all_reduce_sum(g.ranks[size_t(r)].ctx, x.view());
+    if (x.get<float>(s) != expect) ++wrong;
+    // The sum of a message this large is not fused: the caller sums and norms apart.
+    fused += g.comms[size_t(r)]->all_reduce_sum_add_rms_norm(g.ranks[size_t(r)].ctx, t.view({rows, d}),
+                                                             t.view({rows, d}), w.view(), 1e-6f, t.view({rows, d}));
+  });
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(fused.load(), 0);
+}
+
+}  // namespace
+}  // namespace tetra::parallel

@@ -1,0 +1,84 @@
+// What the CUDA communicator tests share: ranks as threads, each with its own stream on device
+// 0 (the test machine has one GPU), and device tensors filled from and read back into host
+// vectors.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "ops/communicator.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/ops.h"
+#include "parallel/rank_threads.h"
+
+namespace tetra::parallel {
+
+// A rank's stream and context, as the runtime gives each rank its own.
+struct Rank {
+  Rank() {
+    TETRA_CUDA_CHECK(cudaSetDevice(0));
+    TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ctx.stream = stream;
+  }
+  ~Rank() { cudaStreamDestroy(stream); }
+  Rank(const Rank&) = delete;
+  Rank& operator=(const Rank&) = delete;
+  cudaStream_t stream = nullptr;
+  ops::Context ctx;
+};
+
+// A communicator, a thread and a stream a rank; a rank that throws aborts every communicator.
+struct RankGroup {
+  explicit RankGroup(std::vector<std::unique_ptr<ops::Communicator>> c)
+      : comms(std::move(c)),
+        threads(int(comms.size()),
+                [this](const std::string& why) {
+                  for (auto& comm : comms) comm->abort(why);
+                }),
+        ranks(comms.size()) {}
+  std::vector<std::unique_ptr<ops::Communicator>> comms;
+  RankThreads threads;
+  std::vector<Rank> ranks;
+};
+
+// A device tensor of n elements, uploaded from and read back to host vectors on a rank's stream.
+struct DeviceTensor {
+  DeviceTensor(DType dt, int64_t n) : dtype(dt), numel(n) {
+    TETRA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes(), 1)));
+  }
+  ~DeviceTensor() { cudaFree(p); }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  size_t bytes() const { return size_t(numel) * dtype_bits(dtype) / 8; }
+  TensorView view() const { return {p, dtype, {numel}, Device::Cuda}; }
+  TensorView view(Shape shape) const { return {p, dtype, shape, Device::Cuda}; }
+  template <typename T>
+  void put(cudaStream_t s, const std::vector<T>& v) {
+    ops::cuda::copy_and_wait(s, p, v.data(), bytes(), cudaMemcpyHostToDevice);
+  }
+  template <typename T>
+  std::vector<T> get(cudaStream_t s) const {
+    std::vector<T> v(bytes() / sizeof(T));
+    ops::cuda::copy_and_wait(s, v.data(), p, bytes(), cudaMemcpyDeviceToHost);
+    return v;
+  }
+  void* p = nullptr;
+  DType dtype;
+  int64_t numel;
+};
+
+// Values whose f32 sum depends on the order it is taken in (from the third rank on).
+inline float order_sensitive_value(int rank, int64_t i) {
+  switch (rank % 3) {
+    case 0: return 1e8f + 8.0f * float(i % 5);
+    case 1: return -1e8f;
+    default: return 1.0f + float(i % 1000) * 1e-3f + float(rank);
+  }
+}
+
+}  // namespace tetra::parallel
