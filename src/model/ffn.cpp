@@ -28,6 +28,16 @@ void all_reduce(const ops::Context& ctx, TensorView x) {
   ctx.comm->all_reduce_sum(ctx, x);
 }
 
+void add_rms_norm_of_parts(ops::Backend& backend, const ops::Context& ctx, bool partial, TensorView h,
+                           TensorView delta, TensorView weight, float eps, TensorView out) {
+  if (partial) {
+    TETRA_CHECK(ctx.comm != nullptr, "a sharded model's forward needs the ranks' communicator (Context::comm)");
+    if (ctx.comm->all_reduce_sum_add_rms_norm(ctx, delta, h, weight, eps, out)) return;
+    ctx.comm->all_reduce_sum(ctx, delta);
+  }
+  backend.add_rms_norm(ctx, h, delta, weight, eps, out);
+}
+
 FfnLayer load_ffn(WeightLoader& loader, const ModelConfig& c, int layer,
                   const FfnNames& names) {
   FfnLayer ffn;
@@ -72,7 +82,6 @@ void run_ffn(ops::Backend& backend, const ops::Context& ctx, const FfnLayer& ffn
              TensorView out) {
   if (!ffn.is_moe) {
     run_mlp(backend, ctx, ffn.dense, x, out);
-    if (ffn.partial) all_reduce(ctx, out);
     return;
   }
   ops::Arena& arena = *ctx.arena;
@@ -84,7 +93,6 @@ void run_ffn(ops::Backend& backend, const ops::Context& ctx, const FfnLayer& ffn
   backend.linear(ctx, x, ffn.router, logits);
   backend.route(ctx, logits, ffn.routing, ids, weights);
   backend.moe_experts(ctx, x, ids, weights, *ffn.experts, out);
-  if (ffn.partial) all_reduce(ctx, out);
 }
 
 }  // namespace tetra::model

@@ -21,6 +21,11 @@ struct FfnLayer {
 // x = the sum of every rank's x (ctx.comm), for the outputs of row-parallel layers.
 void all_reduce(const ops::Context& ctx, TensorView x);
 
+// h += delta, then out = rms_norm(h) * weight, where delta is this rank's part of the sum when
+// `partial`: the all-reduce and the norm in one step where the communicator fuses them.
+void add_rms_norm_of_parts(ops::Backend& backend, const ops::Context& ctx, bool partial, TensorView h,
+                           TensorView delta, TensorView weight, float eps, TensorView out);
+
 // Names of one family's FFN tensors under `model.layers.L.`.
 struct FfnNames {
   const char* moe_prefix;       // "mlp." or "block_sparse_moe."
@@ -34,7 +39,8 @@ struct FfnNames {
 
 FfnLayer load_ffn(WeightLoader& loader, const ModelConfig& c, int layer, const FfnNames& names);
 
-// out [T, hidden] = ffn(x [T, hidden]), on every rank.
+// out [T, hidden] = ffn(x [T, hidden]); where ffn.partial, this rank's part of the sum (the
+// caller all-reduces it, with the norm after it where it can: add_rms_norm_of_parts).
 void run_ffn(ops::Backend& backend, const ops::Context& ctx, const FfnLayer& ffn, TensorView x,
              TensorView out);
 

@@ -134,13 +134,14 @@ class GqaMoeModel : public Model {
                               cache[l]);
       b.attention(ctx, q, cache[l], in.attn, scale, attn);
       b.linear(ctx, attn.reshaped({n_tokens, n_heads * hd}), a.o, y);
-      if (attention_partial_) all_reduce(ctx, y);
-      b.add_rms_norm(ctx, h, y, layer.post_attention_norm, float(c.rms_norm_eps), x);
+      add_rms_norm_of_parts(b, ctx, attention_partial_, h, y, layer.post_attention_norm, float(c.rms_norm_eps), x);
       run_ffn(b, ctx, layer.ffn, x, y);
-      if (l + 1 < layers_.size())
-        b.add_rms_norm(ctx, h, y, layers_[l + 1].input_norm, float(c.rms_norm_eps), x);
-      else
+      if (l + 1 < layers_.size()) {
+        add_rms_norm_of_parts(b, ctx, layer.ffn.partial, h, y, layers_[l + 1].input_norm, float(c.rms_norm_eps), x);
+      } else {
+        if (layer.ffn.partial) all_reduce(ctx, y);
         b.add(ctx, h, y, h);
+      }
     }
     if (!logits.empty()) project_logits(b, ctx, io_, float(c.rms_norm_eps), h, in.logit_rows, logits);
   }

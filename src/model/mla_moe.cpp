@@ -193,6 +193,7 @@ class MlaMoeModel : public Model {
 
       b.rms_norm(ctx, h, layer.post_attention_norm, float(c.rms_norm_eps), x);
       run_ffn(b, ctx, layer.ffn, x, y);
+      if (layer.ffn.partial) all_reduce(ctx, y);
       b.add(ctx, h, y, h);
     }
     if (!logits.empty()) project_logits(b, ctx, io_, float(c.rms_norm_eps), h, in.logit_rows, logits);
