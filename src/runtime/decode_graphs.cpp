@@ -20,7 +20,7 @@ DecodeGraphs::DecodeGraphs(model::Model& model, ops::Backend& backend, ops::Aren
     : model_(model), backend_(backend), arena_(arena), ctx_(ctx), builder_(builder), cache_(cache),
       logits_(logits), sizes_(std::move(sizes)), eager_(eager) {
   TETRA_CHECK(!sizes_.empty() && std::is_sorted(sizes_.begin(), sizes_.end()) && sizes_.front() >= 1 &&
-                  sizes_.back() <= builder.capacity().max_seqs && sizes_.back() <= logits.dim(0),
+                  sizes_.back() <= builder.capacity().max_seqs && (logits.empty() || sizes_.back() <= logits.dim(0)),
               "decode graph sizes must ascend from 1 to at most the step's ", builder.capacity().max_seqs,
               " sequences");
   if (eager_) return;
@@ -30,7 +30,7 @@ DecodeGraphs::DecodeGraphs(model::Model& model, ops::Backend& backend, ops::Aren
     // Padding rows only: they read block 0 and write nothing, so the live cache is untouched.
     const model::StepInputs in = builder_.build(ctx_, {}, b);
     arena_.reset();
-    auto graph = backend_.capture(ctx_, [&] { model_.forward(ctx_, in, cache_, logits_.rows(0, b)); });
+    auto graph = backend_.capture(ctx_, [&] { model_.forward(ctx_, in, cache_, logits_rows(b)); });
     if (!graph) {  // the backend has no graphs
       graphs_.clear();
       return;
@@ -57,7 +57,7 @@ void DecodeGraphs::run(const std::vector<SeqChunk>& chunks) {
   const model::StepInputs in = builder_.build(ctx_, chunks, b);
   arena_.reset();
   if (eager_) {
-    model_.forward(ctx_, in, cache_, logits_.rows(0, b));
+    model_.forward(ctx_, in, cache_, logits_rows(b));
     return;
   }
   graphs_[i]->replay(ctx_);

@@ -29,7 +29,8 @@ class DecodeGraphs {
  public:
   // Captures a graph per size on `backend`, or none where it has no graphs (the CPU); with
   // `eager` (tests), captures nothing and runs each padded step eagerly instead, the same
-  // kernels a replay runs. The KV cache and logits buffer must outlive this.
+  // kernels a replay runs. The KV cache and logits buffer must outlive this. Ranks but the
+  // first (--tp/--ep) write no logits: `logits` empty.
   DecodeGraphs(model::Model& model, ops::Backend& backend, ops::Arena& arena, const ops::Context& ctx,
                StepBuilder& builder, const std::vector<ops::KvCacheLayer>& cache, TensorView logits,
                std::vector<int64_t> sizes, bool eager);
@@ -49,6 +50,7 @@ class DecodeGraphs {
 
  private:
   size_t size_index(int64_t n) const;  // of the smallest captured size >= n
+  TensorView logits_rows(int64_t b) const { return logits_.empty() ? TensorView{} : logits_.rows(0, b); }
 
   model::Model& model_;
   ops::Backend& backend_;

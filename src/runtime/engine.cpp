@@ -149,7 +149,7 @@ struct Engine::Impl {
   RankCaches cache;        // every rank's, one block numbering
   BlockManager blocks;
   Scheduler scheduler;
-  std::unique_ptr<DecodeGraphs> graphs;  // null: every step eager
+  std::vector<std::unique_ptr<DecodeGraphs>> graphs;  // one a rank; empty: every step eager
   std::vector<SampleRequest> sample_rows;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests;
   int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, graph_steps = 0, failed_steps = 0;
@@ -263,29 +263,40 @@ int64_t Engine::Impl::kv_blocks_affordable(const model::Model& m, const ops::Bac
 
 std::vector<int64_t> Engine::Impl::graph_sizes() const {
   if (config.disable_cuda_graph) return {};
-  if (ranks.size() > 1) return {};  // graphs of several ranks (NCCL inside a capture): not yet
   if (backend.device() == Device::Cpu && !config.testing_eager_decode_graphs) return {};
+  // Several ranks capture their collectives too: only communicators that never wait on the host.
+  for (int r = 0; r < ranks.size(); ++r)
+    if (ranks.comm(r) && !ranks.comm(r)->capturable() && !config.testing_eager_decode_graphs) {
+      log_info("decode steps run eagerly: the ranks' communicator cannot be captured in a CUDA graph");
+      return {};
+    }
   return decode_graph_sizes(std::min<int64_t>(config.cuda_graph_max_bs, capacity.max_seqs));
 }
 
 void Engine::Impl::capture_decode_graphs() {
   const std::vector<int64_t> sizes = graph_sizes();
   if (sizes.empty()) return;
-  graphs = std::make_unique<DecodeGraphs>(model, backend, arena, ctx, builder, cache.layers(0), logits_buf->view(),
-                                          sizes, config.testing_eager_decode_graphs);
-  if (!graphs->active()) {
-    graphs.reset();
+  // Each rank captures its own on its thread, at once (NCCL's, if any, are collective).
+  graphs.resize(size_t(ranks.size()));
+  ranks.run([&](int r) {
+    graphs[size_t(r)] = std::make_unique<DecodeGraphs>(
+        ranks.model(r), ranks.backend(r), rank_steps.arena(r), rank_steps.context(r), rank_steps.builder(r),
+        cache.layers(r), r == 0 ? logits_buf->view() : TensorView{}, sizes, config.testing_eager_decode_graphs);
+  });
+  if (!graphs.front()->active()) {
+    graphs.clear();
     return;
   }
+  const DecodeGraphs& g = *graphs.front();
   if (config.testing_eager_decode_graphs) {
     log_info("decode steps padded to ", sizes.size(), " graph batch sizes up to ", sizes.back(),
              ", run eagerly (testing)");
     return;
   }
   log_info("CUDA graphs: ", sizes.size(), " decode batch sizes (", sizes.front(), " .. ", sizes.back(),
-           ") captured in ", std::round(graphs->capture_seconds() * 100) / 100, " s, ",
-           std::round(double(graphs->capture_bytes()) / (1 << 20) * 10) / 10,
-           " MiB of device memory, ", graphs->nodes_per_step(),
+           ") captured in ", std::round(g.capture_seconds() * 100) / 100, " s, ",
+           std::round(double(g.capture_bytes()) / (1 << 20) * 10) / 10, " MiB of device memory",
+           ranks.size() > 1 ? " a rank" : "", ", ", g.nodes_per_step(),
            " kernels a step; --disable-cuda-graph runs every step eagerly");
 }
 
@@ -426,13 +437,14 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
   // A step of prompt chunks that all end mid-prompt wants no logits: zero rows.
   const TensorView logits = logits_buf->view().rows(0, int64_t(sample_rows.size()));
   std::span<const ops::SampledToken> sampled;
-  const bool from_graph = graphs && decode_only(chunks) && graphs->covers(int64_t(chunks.size()));
+  const bool from_graph =
+      !graphs.empty() && decode_only(chunks) && graphs.front()->covers(int64_t(chunks.size()));
   try {
     const bool inject = config.testing_fail_step == steps + failed_steps;
     if (inject && config.testing_fail_rank < 0)
       fail("injected fault at step ", config.testing_fail_step, " (TETRA_TESTING_FAIL_STEP)");
     if (from_graph)
-      graphs->run(seq_chunks);
+      ranks.run([&](int r) { graphs[size_t(r)]->run(seq_chunks); });
     else
       rank_steps.forward(seq_chunks, cache, logits, {}, inject ? config.testing_fail_rank : -1);
     sampled = sampler.sample(ctx, logits, sample_rows);

@@ -7,7 +7,8 @@
 #include "core/log.h"
 #include "parallel/cpu_communicator.h"
 #ifdef TETRA_HAVE_CUDA_COMMUNICATOR
-#include "parallel/cuda_thread_communicator.h"
+#include "parallel/cuda_devices.h"
+#include "parallel/cuda_peer_communicator.h"
 #endif
 #ifdef TETRA_HAVE_NCCL
 #include "parallel/nccl_communicator.h"
@@ -94,20 +95,31 @@ std::vector<std::unique_ptr<ops::Communicator>> make_communicators(const std::ve
   if (each.front().device != "cuda") return parallel::make_cpu_communicators(n);
   std::vector<int> devices;
   for (const auto& o : each) devices.push_back(o.device_index);
+  // Small messages (decode steps) meet through peer memory: one-shot, fused with the norm after
+  // them, capturable. Large ones go to NCCL where the GPUs differ and it loads (ranks sharing
+  // a GPU, in tests, cannot use NCCL; there the peer communicator takes everything).
+  std::vector<std::unique_ptr<ops::Communicator>> large;
+  std::string which = "peer memory";
 #ifdef TETRA_HAVE_NCCL
-  // NCCL joins distinct GPUs only; ranks sharing one (tests) take the thread communicator, as
-  // do GPUs on a machine without libnccl (it waits on the host, so decode graphs stay off).
   if (std::set<int>(devices.begin(), devices.end()).size() == devices.size()) {
-    std::string why_not, which;
-    if (parallel::nccl_loads(&why_not, &which)) {
-      log_info("ranks joined by ", which);
-      return parallel::make_nccl_communicators(devices);
+    std::string why_not, nccl;
+    if (parallel::nccl_loads(&why_not, &nccl)) {
+      large = parallel::make_nccl_communicators(devices);
+      which = str_cat("peer memory (messages up to 8 MiB) and ", nccl);
+    } else {
+      log_warn(why_not, "; every collective goes through peer memory, which is slower for large ones");
     }
-    log_warn(why_not, "; the ranks use the CUDA thread communicator, which is slower");
   }
 #endif
 #ifdef TETRA_HAVE_CUDA_COMMUNICATOR
-  return parallel::make_cuda_thread_communicators(devices);
+  if (!parallel::peers_reach_each_other(devices)) {
+    TETRA_CHECK(!large.empty(), "the GPUs of these ranks cannot read each other's memory (no peer access), so they "
+                "need NCCL (libnccl.so.2, or the file TETRA_NCCL_LIBRARY names)");
+    log_info("ranks joined by NCCL alone (no peer access between the GPUs; decode graphs capture NCCL)");
+    return large;
+  }
+  log_info("ranks joined by ", which);
+  return parallel::make_cuda_peer_communicators(devices, std::move(large));
 #else
   fail("--tp/--ep on CUDA: this build has no communicator for GPUs");
 #endif

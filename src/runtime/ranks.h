@@ -65,8 +65,8 @@ std::vector<ops::BackendOptions> rank_backend_options(const ops::BackendOptions&
 
 // Loads `dir` on p.world() ranks, each its own backend (rank_backend_options; rank 0's may be
 // given, made earlier from rank_backend_options(...)[0]) holding its shard; the ranks load at
-// once. CUDA ranks talk through NCCL where the build has it and the GPUs differ, else through
-// the CUDA thread communicator (parallel/cuda_thread_communicator.h).
+// once. CUDA ranks meet through peer memory (parallel/cuda_peer_communicator.h), with NCCL for
+// large messages where the GPUs differ and libnccl loads.
 std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const ops::BackendOptions& backend,
                                        const parallel::Parallelism& p, const model::LoadOptions& options,
                                        std::unique_ptr<ops::Backend> rank0 = nullptr,

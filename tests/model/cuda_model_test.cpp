@@ -221,14 +221,6 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaEngine,
 // plain eager decode's (its attention splits do not depend on the plan's context).
 class CudaGraphs : public Cuda, public ::testing::WithParamInterface<std::string> {};
 
-void expect_same(const std::vector<Generated>& got, const std::vector<Generated>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].tokens, want[i].tokens) << what << " request " << i;
-    EXPECT_EQ(got[i].logprobs, want[i].logprobs) << what << " request " << i;
-  }
-}
-
 TEST_P(CudaGraphs, ReplayEqualsTheEagerStep) {
   const auto dir = testing::fixtures_dir() / GetParam();
   auto model = model::load_model(dir, *gpu, {.dummy = true});

@@ -246,9 +246,19 @@ inline std::vector<Generated> run_engine(model::Model& m, ops::Backend& b,
 
 // The same over the ranks of a model split by --tp/--ep.
 inline std::vector<Generated> run_engine(runtime::ModelRanks& ranks, const std::vector<runtime::RequestParams>& reqs,
-                                         runtime::EngineConfig config) {
+                                         runtime::EngineConfig config, runtime::EngineStats* stats_out = nullptr,
+                                         bool staggered = false) {
   runtime::Engine engine(ranks, config);
-  return run_engine(engine, reqs);
+  return run_engine(engine, reqs, stats_out, staggered);
+}
+
+// The same tokens and the same log-probs, bit for bit.
+inline void expect_same(const std::vector<Generated>& got, const std::vector<Generated>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << what << " request " << i;
+    EXPECT_EQ(got[i].logprobs, want[i].logprobs) << what << " request " << i;
+  }
 }
 
 inline runtime::RequestParams greedy(std::vector<int32_t> prompt, int64_t n) {

@@ -1,5 +1,5 @@
 // The CUDA backend split over ranks (--tp 2, --ep 2, both), every rank on GPU 0 and joined by
-// the CUDA thread communicator: the machine the tests run on has one GPU. The sharded kernels
+// the CUDA peer communicator: the machine the tests run on has one GPU. The sharded kernels
 // (a rank's heads, its experts from first_expert on, narrower experts) and the collectives run
 // as they would over several GPUs; only the communicator's transport differs.
 #include <gtest/gtest.h>
@@ -118,6 +118,32 @@ TEST_P(CudaParallelDummy, BatchedEngineMatchesTheCpusRanks) {
 INSTANTIATE_TEST_SUITE_P(Families, CudaParallelDummy,
                          ::testing::ValuesIn(splits_of({"qwen3_moe-small-nvfp4-config", "glm4_moe-small-config",
                                                         "mixtral-small-config", "deepseek_v3-small-config"})),
+                         split_name);
+
+class CudaParallelGraphs : public CudaParallelFixture {};
+
+// Split models' decode graphs: every rank captures its step, collectives (fused with the norms)
+// inside, and replays it on its own thread. Against each rank's eager steps padded to the same
+// batch sizes (the same kernels in the same order), requests joining and leaving mid-batch.
+TEST_P(CudaParallelGraphs, ReplayEqualsTheEagerStep) {
+  const Split& sp = GetParam();
+  auto ranks = cuda_ranks(testing::fixtures_dir() / sp.fixture, sp, {.dummy = true});
+  const auto reqs = mixed_requests(9, ranks->model().config().vocab_size, 3);
+  runtime::EngineConfig graphs = small_engine();
+  graphs.max_running_requests = 8;  // sizes 1, 2, 4, 8
+  runtime::EngineConfig padded_eager = graphs;
+  padded_eager.testing_eager_decode_graphs = true;
+  runtime::EngineStats with_graphs, eager;
+  const auto got = run_engine(*ranks, reqs, graphs, &with_graphs, true);
+  const auto want = run_engine(*ranks, reqs, padded_eager, &eager, true);
+  EXPECT_GT(with_graphs.graph_steps, 0);
+  EXPECT_EQ(with_graphs.graph_steps, eager.graph_steps);
+  expect_same(got, want, str_cat(sp.fixture, " tp ", sp.tp, " ep ", sp.ep));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaParallelGraphs,
+                         ::testing::ValuesIn(splits_of({"qwen3_moe-small-nvfp4-config", "glm4_moe-small-config",
+                                                        "deepseek_v3-small-config"})),
                          split_name);
 
 }  // namespace
