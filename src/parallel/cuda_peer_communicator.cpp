@@ -95,24 +95,12 @@ class CudaPeerCommunicator : public ops::Communicator {
   bool all_reduce_sum_add_rms_norm(const ops::Context& ctx, TensorView delta, TensorView h, TensorView weight,
                                    float eps, TensorView out) override {
     enter();
-    if (large_ && delta.nbytes() > kStagingHalfBytes) return false;
-    if (h.empty() || !ops::cuda::peer_add_rms_norm_takes(h.dim(-1), h.dtype, group_)) return false;
-    // Whole rows, as many as a staging half holds.
-    const int64_t d = h.dim(-1), rows = h.numel() / d, row_bytes = d * dtype_bits(h.dtype) / 8;
-    const int64_t piece = kStagingHalfBytes / row_bytes;
-    TETRA_CHECK(delta.numel() == h.numel() && out.numel() == h.numel(), "all_reduce_sum_add_rms_norm: delta, h and "
-                "out hold ", delta.numel(), ", ", h.numel(), " and ", out.numel(), " values, not one number");
-    auto rows_of = [&](const TensorView& t, int64_t at, int64_t n) {
-      const int64_t bytes = d * dtype_bits(t.dtype) / 8;
-      return TensorView{static_cast<char*>(t.data) + at * bytes, t.dtype, {n, d}, t.device};
-    };
-    for (int64_t at = 0; at < rows; at += piece) {
-      const int64_t n = std::min(piece, rows - at);
-      launch(ctx, [&] {
-        ops::cuda::peer_all_reduce_add_rms_norm(ops::cuda::kernel_launch(ctx), group_, rows_of(delta, at, n),
-                                                rows_of(h, at, n), weight, eps, rows_of(out, at, n));
-      });
-    }
+    if (h.empty()) return false;
+    const int64_t d = h.dim(-1);
+    if (!ops::cuda::peer_add_rms_norm_takes(h.numel() / d, d, h.dtype, group_)) return false;
+    launch(ctx, [&] {
+      ops::cuda::peer_all_reduce_add_rms_norm(ops::cuda::kernel_launch(ctx), group_, delta, h, weight, eps, out);
+    });
     return true;
   }
 

@@ -150,13 +150,15 @@ __global__ void all_gather_kernel(PeerGroup g, const U* x, int64_t n, U* out) {
   }
 }
 
-// Rows of d values, one block of kRowThreads each (the rows b, b + kPeerBlocks, ...; rows <=
-// half_bytes / (d * sizeof(T))): h += the rank-order sum of delta, out = rms_norm(h) * w, each
-// thread holding kPer values of a row as norm.cu's norm_row_kernel does.
+// Rows of d values, row b on block b (rows <= kPeerBlocks): h += the rank-order sum of delta,
+// out = rms_norm(h) * w, each thread holding kPer values of the row as norm.cu's norm_row_kernel
+// does, so the sums of squares add in its order. A thread's loads are issued together before any
+// of its stores: a store between them could alias the next load's address, which would leave
+// every load to wait for the one before.
 template <typename T, int kPer, int kRowThreads>
 __global__ void __launch_bounds__(kRowThreads)
-    all_reduce_add_rms_norm_kernel(PeerGroup g, const T* delta, T* h, const void* w, DType wdt, float eps, void* out,
-                                   DType odt, int64_t rows, int64_t d) {
+    all_reduce_add_rms_norm_kernel(PeerGroup g, const T* __restrict__ delta, T* __restrict__ h, const void* w,
+                                   DType wdt, float eps, void* out, DType odt, int64_t rows, int64_t d) {
   float wv[kPer];  // the model's weight, fixed at load: read before the wait (launch.cuh)
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
@@ -165,40 +167,63 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   pdl_wait();
   const uint32_t epoch = next_epoch(g);
-  T* mine = staging<T>(g, g.rank, epoch);
-  for (int64_t row = blockIdx.x; row < rows; row += kPeerBlocks)
+  const bool has_row = blockIdx.x < rows;  // the same in every thread of the block
+  const int64_t base = int64_t(blockIdx.x) * d;
+  T own[kPer];
+  float hv[kPer];
+  if (has_row) {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
-      if (i < d) mine[row * d + i] = delta[row * d + i];
+      own[j] = i < d ? delta[base + i] : from_float<T>(0.0f);
+      hv[j] = i < d ? to_float(h[base + i]) : 0.0f;
     }
+    T* mine = staging<T>(g, g.rank, epoch) + base;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+      if (i < d) mine[i] = own[j];
+    }
+  }
   if (!exchange(g, epoch)) return;
   pdl_launch_dependents();
-  __shared__ float partial[kRowThreads / 32];
+  if (!has_row) return;
+  float acc[kPer] = {};
+  for (int r = 0; r < g.size; ++r) {
+    T part[kPer];
+    if (r == g.rank) {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) part[j] = own[j];
+    } else {
+      const T* theirs = staging<T>(g, r, epoch) + base;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+        part[j] = i < d ? load_peer(theirs + i) : from_float<T>(0.0f);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) acc[j] += to_float(part[j]);
+  }
   const DType hdt = sizeof(T) == 2 ? DType::BF16 : DType::F32;
-  for (int64_t row = blockIdx.x; row < rows; row += kPeerBlocks) {
-    const int64_t base = row * d;
-    float v[kPer];
-    float sq = 0.0f;
+  float v[kPer];
+  float sq = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
-      v[j] = 0.0f;
-      if (i >= d) continue;
-      float acc = 0.0f;
-      for (int r = 0; r < g.size; ++r)
-        acc += to_float(r == g.rank ? mine[base + i] : load_peer(staging<T>(g, r, epoch) + base + i));
-      const float sum = to_float(from_float<T>(acc));                  // what the all-reduce stores
-      v[j] = round_to(hdt, to_float(h[base + i]) + sum);               // what add_rms_norm stores
-      h[base + i] = from_float<T>(v[j]);
-      sq += v[j] * v[j];
-    }
-    const float inv = rsqrtf(block_sum<kRowThreads>(sq, partial) / float(d) + eps);
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    v[j] = 0.0f;
+    if (i >= d) continue;
+    const float sum = to_float(from_float<T>(acc[j]));  // what the all-reduce stores
+    v[j] = round_to(hdt, hv[j] + sum);                   // what add_rms_norm stores
+    h[base + i] = from_float<T>(v[j]);
+    sq += v[j] * v[j];
+  }
+  __shared__ float partial[kRowThreads / 32];
+  const float inv = rsqrtf(block_sum<kRowThreads>(sq, partial) / float(d) + eps);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
-      if (i < d) store_float(out, base + i, odt, wv[j] * (v[j] * inv));
-    }
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    if (i < d) store_float(out, base + i, odt, wv[j] * (v[j] * inv));
   }
 }
 
@@ -296,27 +321,25 @@ void peer_all_gather(const KernelLaunch& launch, const PeerGroup& g, TensorView 
   TETRA_CUDA_CHECK_LAUNCH("peer all_gather");
 }
 
-bool peer_add_rms_norm_takes(int64_t d, DType dtype, const PeerGroup& g) {
+bool peer_add_rms_norm_takes(int64_t rows, int64_t d, DType dtype, const PeerGroup& g) {
   const int64_t elem = dtype == DType::BF16 ? 2 : dtype == DType::F32 ? 4 : 0;
-  return elem > 0 && d >= 512 && d <= 8 * 1024 && d * elem <= g.half_bytes;
+  return elem > 0 && rows <= kPeerBlocks && d >= 512 && d <= 8 * 1024 && rows * d * elem <= g.half_bytes;
 }
 
 void peer_all_reduce_add_rms_norm(const KernelLaunch& launch, const PeerGroup& g, TensorView delta, TensorView h,
                                   TensorView weight, float eps, TensorView out) {
   check_group(g, "all_reduce_add_rms_norm");
-  const int64_t d = h.empty() ? 0 : h.dim(-1);
-  TETRA_CHECK(peer_add_rms_norm_takes(d, h.dtype, g), "all_reduce_add_rms_norm: rows of ", d, " ",
-              dtype_name(h.dtype), " values are not taken (BF16 or F32, 512 to 8192 a row)");
+  const int64_t d = h.empty() ? 0 : h.dim(-1), rows = d ? h.numel() / d : 0;
+  TETRA_CHECK(peer_add_rms_norm_takes(rows, d, h.dtype, g), "all_reduce_add_rms_norm: ", rows, " rows of ", d, " ",
+              dtype_name(h.dtype), " values are not taken (BF16 or F32, 512 to 8192 a row, up to ", kPeerBlocks,
+              " rows)");
   TETRA_CHECK(delta.numel() == h.numel() && delta.dtype == h.dtype && out.numel() == h.numel() &&
                   weight.numel() == d && out.data != h.data && out.data != delta.data,
               "all_reduce_add_rms_norm: delta, h and out must be alike in size, delta and h in dtype, the weight a "
               "row long, and out a third tensor");
   TETRA_CHECK(h.device == Device::Cuda && delta.device == Device::Cuda && out.device == Device::Cuda,
               "all_reduce_add_rms_norm: the tensors must be on the GPU");
-  const int64_t rows = h.numel() / d;
   if (rows == 0) return;
-  TETRA_CHECK(h.nbytes() <= g.half_bytes, "all_reduce_add_rms_norm: ", h.nbytes(), " bytes is more than the ",
-              g.half_bytes, " a staging half holds (the communicator splits larger messages)");
   if (h.dtype == DType::F32) launch_norm<float>(launch, g, delta, h, weight, eps, out, rows, d);
   else launch_norm<__nv_bfloat16>(launch, g, delta, h, weight, eps, out, rows, d);
   TETRA_CUDA_CHECK_LAUNCH("peer all_reduce_add_rms_norm");

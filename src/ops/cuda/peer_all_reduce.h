@@ -64,8 +64,11 @@ void peer_all_reduce_sum(const KernelLaunch& launch, const PeerGroup& g, TensorV
 // out [size * n] = every rank's x [n] in rank order, any dtype.
 void peer_all_gather(const KernelLaunch& launch, const PeerGroup& g, TensorView x, TensorView out);
 
-// Whether peer_all_reduce_add_rms_norm takes rows of `d` values of `dtype`.
-bool peer_add_rms_norm_takes(int64_t d, DType dtype, const PeerGroup& g);
+// Whether peer_all_reduce_add_rms_norm takes `rows` rows of `d` values of `dtype`: up to
+// kPeerBlocks rows, one a block (decode batches). More rows would queue on the 32 blocks; the
+// sum and norm.cu's kernels spread them over every SM instead (docs/PERF.md, `tetra bench
+// collective`).
+bool peer_add_rms_norm_takes(int64_t rows, int64_t d, DType dtype, const PeerGroup& g);
 
 // h += the sum of every rank's delta (as peer_all_reduce_sum sums it), then out =
 // rms_norm(h) * weight: the bits all_reduce_sum(delta) then add_rms_norm (norm.h) leave. delta
