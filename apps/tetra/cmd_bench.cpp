@@ -12,6 +12,7 @@
 #include "device_options.h"
 #include "core/error.h"
 #ifdef TETRA_HAVE_BENCH_MOE
+#include "bench/collective_bench.h"
 #include "bench/linear_bench.h"
 #include "bench/moe_bench.h"
 #endif
@@ -27,18 +28,20 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// --tokens: comma-separated integers (the benchmark checks their range).
-std::vector<int> token_counts(const std::string& s) {
+// --tokens, --hidden: comma-separated integers (the benchmark checks their range).
+std::vector<int> int_list(const std::string& s, const char* flag) {
   std::vector<int> out;
   for (const std::string& t : split_list(s)) {
     try {
       out.push_back(std::stoi(t));
     } catch (const std::exception&) {
-      fail("--tokens takes comma-separated integers, not '", t, "'");
+      fail(flag, " takes comma-separated integers, not '", t, "'");
     }
   }
   return out;
 }
+
+std::vector<int> token_counts(const std::string& s) { return int_list(s, "--tokens"); }
 
 int bench_moe(int argc, char** argv) {
   CLI::App app{"The NVFP4 MoE layer on the GPU against BF16 weights through cuBLAS, per token count.",
@@ -123,6 +126,42 @@ int bench_linear(int argc, char** argv) {
 #endif
 }
 
+int bench_collective(int argc, char** argv) {
+  CLI::App app{"The all-reduce after a row-parallel layer with the add and RMSNorm after it, at decode sizes: "
+               "the peer communicator fused and apart, NCCL where the ranks have GPUs of their own.",
+               "tetra bench collective"};
+  app.option_defaults()->always_capture_default();
+  std::string tokens = "1,8,64,256", hidden = "2048,6144";
+  int ranks = 2, iters = 30, reps = 20;
+  bool json = false;
+  app.add_option("--ranks", ranks, "ranks, one a GPU (all on GPU 0 when there are fewer)")->check(CLI::Range(2, 8));
+  app.add_option("--tokens", tokens, "comma-separated token counts (1..4096)");
+  app.add_option("--hidden", hidden, "comma-separated hidden sizes (512..8192)");
+  app.add_option("--iters", iters, "timed graph replays per measurement")->check(CLI::Range(1, 10000));
+  app.add_option("--reps", reps, "collectives a graph (the figures are per collective)")->check(CLI::Range(1, 1000));
+  app.add_flag("--json", json, "print one JSON object on stdout");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  const std::vector<int> token_list = token_counts(tokens), hidden_list = int_list(hidden, "--hidden");
+#ifdef TETRA_HAVE_BENCH_MOE
+  bench::CollectiveBenchOptions opt;
+  opt.ranks = ranks;
+  opt.tokens = token_list;
+  opt.hidden = hidden_list;
+  opt.iters = iters;
+  opt.reps = reps;
+  opt.json = json;
+  return bench::run_collective_bench(opt);
+#else
+  (void)json, (void)token_list, (void)hidden_list;
+  std::fprintf(stderr, "tetra bench collective: this build has no CUDA backend; rebuild with -DTETRA_CUDA=ON\n");
+  return 1;
+#endif
+}
+
 }  // namespace
 
 int cmd_bench_decode(int argc, char** argv);  // cmd_bench_decode.cpp
@@ -141,6 +180,8 @@ struct Sub {
 const Sub kSubs[] = {
     {"moe", "the MoE layer on the GPU: NVFP4 against BF16 cuBLAS", bench_moe},
     {"linear", "a model's dense decode linears on the GPU, through each kernel that takes them", bench_linear},
+    {"collective", "the all-reduce after a row-parallel layer with its add and RMSNorm, fused and apart",
+     bench_collective},
     {"decode", "decode steps of the engine in-process: time, byte floor, breakdown by op class", cmd_bench_decode},
 #ifdef TETRA_HAVE_SERVER
     {"serving", "an OpenAI-compatible server under random load (SGLang's bench_serving)", cmd_bench_serving},
