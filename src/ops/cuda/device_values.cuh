@@ -47,6 +47,17 @@ __device__ __forceinline__ void store_float(void* p, int64_t i, DType dt, float 
   }
 }
 
+// The element types a kernel templated on its type (F32 or BF16) reads and writes: f32 in,
+// rounded to nearest even once on the way out.
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
 // v as a tensor of `dt` holds it: what store_float then load_float would give back.
 __device__ __forceinline__ float round_to(DType dt, float v) {
   switch (dt) {

@@ -6,21 +6,12 @@
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
+#include "ops/cuda/gpu_sync.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/norm_row.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
-
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void store_release(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 
 // This block's launch number (after pdl_wait: the launch before wrote it).
 __device__ __forceinline__ uint32_t next_epoch(const PeerGroup& g) {
@@ -48,9 +39,9 @@ __device__ bool exchange(const PeerGroup& g, uint32_t epoch) {
   const int peer = int(threadIdx.x);
   if (peer < g.size && peer != g.rank) {
     __threadfence_system();
-    store_release(&g.flags[peer]->flag[blockIdx.x][g.rank], epoch);
+    st_release_sys(&g.flags[peer]->flag[blockIdx.x][g.rank], epoch);
     const uint32_t* theirs = &g.flags[g.rank]->flag[blockIdx.x][peer];
-    for (uint32_t spins = 1; int32_t(load_acquire(theirs) - epoch) < 0; ++spins)
+    for (uint32_t spins = 1; int32_t(ld_acquire_sys(theirs) - epoch) < 0; ++spins)
       if (spins % 1024 == 0 && *g.abort) {  // mapped host memory: read now and then
         aborted = true;
         break;
@@ -72,15 +63,6 @@ template <typename T, int kVec>
 struct alignas(sizeof(T) * kVec) Vec {
   T v[kVec];
 };
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // Another rank's staging is read through L2 only: its lines are new to this launch.
 template <typename V>

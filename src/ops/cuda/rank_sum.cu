@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_values.cuh"
 #include "ops/cuda/launch.cuh"
 
 namespace tetra::ops::cuda {
@@ -15,15 +16,6 @@ constexpr int kThreads = 256;
 struct Sources {
   const void* p[kMaxRankSumSources];
 };
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 template <typename T>
 __global__ void sum_in_rank_order_kernel(Sources s, int n_sources, int64_t n, T* dst) {
