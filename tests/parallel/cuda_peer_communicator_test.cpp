@@ -31,36 +31,11 @@ struct PeerGroup : RankGroup {
   explicit PeerGroup(int n) : RankGroup(make_cuda_peer_communicators(std::vector<int>(size_t(n), 0))) {}
 };
 
-// The host's rank-order sum of F32 values (acc = 0; acc += x_0; acc += x_1; ...).
-std::vector<float> rank_order_sum(const std::vector<std::vector<float>>& parts) {
-  std::vector<float> sum(parts.front().size(), 0.0f);
-  for (const auto& p : parts)
-    for (size_t i = 0; i < p.size(); ++i) sum[i] += p[i];
-  return sum;
-}
-
 TEST(CudaPeerCommunicator, AllReduceSumsInRankOrderWithTheSameBitsEverywhere) {
   if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   // 3 << 20 floats are 12 MiB: two launches through the 8 MiB staging.
-  for (int n : {2, 3, 5})
-    for (int64_t len : {int64_t(1), int64_t(7), int64_t(1001), int64_t(1 << 20) + 3, int64_t(3) << 20}) {
-      PeerGroup g(n);
-      std::vector<std::vector<float>> host(static_cast<size_t>(n));
-      for (int r = 0; r < n; ++r)
-        for (int64_t i = 0; i < len; ++i) host[size_t(r)].push_back(order_sensitive_value(r, i));
-      const std::vector<float> expect = rank_order_sum(host);
-      std::vector<std::vector<float>> got(static_cast<size_t>(n));
-      g.threads.run([&](int r) {
-        const cudaStream_t s = g.ranks[size_t(r)].stream;
-        DeviceTensor x(DType::F32, len);
-        x.put(s, host[size_t(r)]);
-        g.comms[size_t(r)]->all_reduce_sum(g.ranks[size_t(r)].ctx, x.view());
-        got[size_t(r)] = x.get<float>(s);
-      });
-      for (int r = 0; r < n; ++r)
-        EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expect.data(), expect.size() * 4), 0)
-            << n << " ranks, " << len << " elements, rank " << r;
-    }
+  expect_rank_order_sums([](int n) { return std::make_unique<PeerGroup>(n); }, {2, 3, 5},
+                         {1, 7, 1001, (1 << 20) + 3, int64_t(3) << 20});
 }
 
 TEST(CudaPeerCommunicator, AllReduceOfBf16RoundsTheF32SumOnce) {

@@ -5,7 +5,11 @@
 
 #include <cuda_runtime.h>
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
+#include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +76,14 @@ struct DeviceTensor {
   int64_t numel;
 };
 
+// The host's rank-order sum of F32 values (acc = 0; acc += x_0; acc += x_1; ...).
+inline std::vector<float> rank_order_sum(const std::vector<std::vector<float>>& parts) {
+  std::vector<float> sum(parts.front().size(), 0.0f);
+  for (const auto& p : parts)
+    for (size_t i = 0; i < p.size(); ++i) sum[i] += p[i];
+  return sum;
+}
+
 // Values whose f32 sum depends on the order it is taken in (from the third rank on).
 inline float order_sensitive_value(int rank, int64_t i) {
   switch (rank % 3) {
@@ -79,6 +91,32 @@ inline float order_sensitive_value(int rank, int64_t i) {
     case 1: return -1e8f;
     default: return 1.0f + float(i % 1000) * 1e-3f + float(rank);
   }
+}
+
+// For each number of ranks and each length: a group from make_group(n) sums order-sensitive F32
+// values, and every rank gets the host's rank-order sum, bit for bit.
+template <typename MakeGroup>
+void expect_rank_order_sums(MakeGroup make_group, std::initializer_list<int> rank_counts,
+                            std::initializer_list<int64_t> lengths) {
+  for (int n : rank_counts)
+    for (int64_t len : lengths) {
+      auto g = make_group(n);
+      std::vector<std::vector<float>> host(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r)
+        for (int64_t i = 0; i < len; ++i) host[size_t(r)].push_back(order_sensitive_value(r, i));
+      const std::vector<float> expect = rank_order_sum(host);
+      std::vector<std::vector<float>> got(static_cast<size_t>(n));
+      g->threads.run([&](int r) {
+        const cudaStream_t s = g->ranks[size_t(r)].stream;
+        DeviceTensor x(DType::F32, len);
+        x.put(s, host[size_t(r)]);
+        g->comms[size_t(r)]->all_reduce_sum(g->ranks[size_t(r)].ctx, x.view());
+        got[size_t(r)] = x.get<float>(s);
+      });
+      for (int r = 0; r < n; ++r)
+        EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expect.data(), expect.size() * 4), 0)
+            << n << " ranks, " << len << " elements, rank " << r;
+    }
 }
 
 }  // namespace tetra::parallel

@@ -30,28 +30,7 @@ struct Group : RankGroup {
 
 TEST(CudaThreadCommunicator, AllReduceSumsInRankOrderWithTheSameBitsEverywhere) {
   if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  for (int n : {2, 3})
-    for (int64_t len : {int64_t(1001), int64_t(1 << 20) + 3}) {
-      Group g(n);
-      std::vector<std::vector<float>> host(static_cast<size_t>(n));
-      std::vector<float> expect(size_t(len), 0.0f);
-      for (int r = 0; r < n; ++r)
-        for (int64_t i = 0; i < len; ++i) {
-          host[size_t(r)].push_back(order_sensitive_value(r, i));
-          expect[size_t(i)] += host[size_t(r)][size_t(i)];  // acc = 0; acc += x_0; acc += x_1; ...
-        }
-      std::vector<std::vector<float>> got(static_cast<size_t>(n));
-      g.threads.run([&](int r) {
-        const cudaStream_t s = g.ranks[size_t(r)].stream;
-        DeviceTensor x(DType::F32, len);
-        x.put(s, host[size_t(r)]);
-        g.comms[size_t(r)]->all_reduce_sum(g.ranks[size_t(r)].ctx, x.view());
-        got[size_t(r)] = x.get<float>(s);
-      });
-      for (int r = 0; r < n; ++r)
-        EXPECT_EQ(std::memcmp(got[size_t(r)].data(), expect.data(), expect.size() * 4), 0)
-            << n << " ranks, " << len << " elements, rank " << r;
-    }
+  expect_rank_order_sums([](int n) { return std::make_unique<Group>(n); }, {2, 3}, {1001, (1 << 20) + 3});
 }
 
 TEST(CudaThreadCommunicator, AllReduceOfBf16RoundsTheF32SumOnce) {
