@@ -154,12 +154,13 @@ class MlaMoeModel : public Model {
     if (c.index_topk > 0) selected = arena.alloc(DType::I32, {t, c.index_topk});
 
     b.embedding(ctx, io_.embed, in.token_ids, h);
+    b.rms_norm(ctx, h, layers_.front().input_norm, float(c.rms_norm_eps), x);
     const int64_t layer_scratch = arena.mark();  // each layer's ops' scratch is freed after it
     for (size_t l = 0; l < layers_.size(); ++l) {
       arena.rewind(layer_scratch);
       const Layer& layer = layers_[l];
       const MlaWeights& w = layer.attn;
-      b.rms_norm(ctx, h, layer.input_norm, float(c.rms_norm_eps), x);
+      // x holds rms_norm(h) with this layer's input norm.
       // Queries: [nope | rope] per head.
       if (w.q_a) {
         b.linear(ctx, x, *w.q_a, q_res);
@@ -188,13 +189,14 @@ class MlaMoeModel : public Model {
                       o_latent);
       b.head_linear(ctx, o_latent, w.kv_b, dn + dv, dn, dv, false, attn);
       b.linear(ctx, attn.reshaped({t, heads * dv}), w.o, y);
-      if (attention_partial_) all_reduce(ctx, y);
-      b.add(ctx, h, y, h);
-
-      b.rms_norm(ctx, h, layer.post_attention_norm, float(c.rms_norm_eps), x);
+      add_rms_norm_of_parts(b, ctx, attention_partial_, h, y, layer.post_attention_norm, float(c.rms_norm_eps), x);
       run_ffn(b, ctx, layer.ffn, x, y);
-      if (layer.ffn.partial) all_reduce(ctx, y);
-      b.add(ctx, h, y, h);
+      if (l + 1 < layers_.size()) {
+        add_rms_norm_of_parts(b, ctx, layer.ffn.partial, h, y, layers_[l + 1].input_norm, float(c.rms_norm_eps), x);
+      } else {
+        if (layer.ffn.partial) all_reduce(ctx, y);
+        b.add(ctx, h, y, h);
+      }
     }
     if (!logits.empty()) project_logits(b, ctx, io_, float(c.rms_norm_eps), h, in.logit_rows, logits);
   }
