@@ -444,7 +444,11 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
     if (inject && config.testing_fail_rank < 0)
       fail("injected fault at step ", config.testing_fail_step, " (TETRA_TESTING_FAIL_STEP)");
     if (from_graph)
-      ranks.run([&](int r) { graphs[size_t(r)]->run(seq_chunks); });
+      ranks.run([&](int r) {
+        if (inject && r == config.testing_fail_rank)
+          fail("injected fault on rank ", r, " (TETRA_TESTING_FAIL_RANK)");
+        graphs[size_t(r)]->run(seq_chunks);
+      });
     else
       rank_steps.forward(seq_chunks, cache, logits, {}, inject ? config.testing_fail_rank : -1);
     sampled = sampler.sample(ctx, logits, sample_rows);

@@ -30,6 +30,10 @@ ModelRanks::ModelRanks(std::vector<std::unique_ptr<ops::Backend>> backends,
   for (auto& m : own_models_) models_.push_back(m.get());
   if (size() > 1)
     threads_ = std::make_unique<parallel::RankThreads>(size(), [this](const std::string& reason) {
+      {
+        std::lock_guard<std::mutex> lock(failure_mu_);
+        if (failure_.empty()) failure_ = reason;
+      }
       for (auto& c : comms_) c->abort(reason);
     });
 }
@@ -42,6 +46,10 @@ void ModelRanks::run(const std::function<void(int)>& fn) {
   if (!threads_) {
     backends_[0]->make_current();
     return fn(0);
+  }
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (!failure_.empty()) fail("the ranks stopped after a failure (", failure_, ")");
   }
   threads_->run([&](int r) {
     backends_[size_t(r)]->make_current();

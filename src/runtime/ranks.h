@@ -9,7 +9,9 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "model/model.h"
@@ -39,8 +41,9 @@ class ModelRanks {
 
   // fn(rank) on every rank at once (rank 0 on this thread); returns when all have. A rank
   // that throws aborts the communicators, so a rank waiting in a collective throws too and
-  // none hangs; the first failure is rethrown here. Once aborted, every later collective
-  // throws: a failed rank is the end of the group.
+  // none hangs; the first failure is rethrown here. A failed rank is the end of the group:
+  // every later run throws at once (a graph's collectives, replayed without the host, would
+  // otherwise run on an aborted group).
   void run(const std::function<void(int rank)>& fn);
   // fn(rank) for each rank in turn on this thread, with that rank's device current; rank 0's is
   // current again after (for building what each rank holds: caches, arenas).
@@ -53,6 +56,8 @@ class ModelRanks {
   std::vector<ops::Backend*> backends_;
   std::vector<model::Model*> models_;
   std::unique_ptr<parallel::RankThreads> threads_;  // null with one rank
+  std::mutex failure_mu_;
+  std::string failure_;  // why the group was aborted; empty while it stands
 };
 
 // The backend options of each of p.world() ranks. CPU ranks share out the CPU threads (where

@@ -4,8 +4,10 @@
 // as they would over several GPUs; only the communicator's transport differs.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <future>
 #include <random>
 
 #include "cuda_model_util.h"
@@ -139,6 +141,50 @@ TEST_P(CudaParallelGraphs, ReplayEqualsTheEagerStep) {
   EXPECT_GT(with_graphs.graph_steps, 0);
   EXPECT_EQ(with_graphs.graph_steps, eager.graph_steps);
   expect_same(got, want, str_cat(sp.fixture, " tp ", sp.tp, " ep ", sp.ep));
+}
+
+// A rank that fails before replaying its decode graph: the others' graphs wait in their first
+// collective on the GPU until the abort frees them; the step fails, and so does every later
+// one (the group is over), without a hang.
+class CudaParallelFault : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_F(CudaParallelFault, ARankThatFailsAtAGraphStepEndsTheGroupWithoutHanging) {
+  auto ranks = cuda_ranks(testing::fixtures_dir() / "qwen3_moe-small-nvfp4-config", {"", 2, 1}, {.dummy = true});
+  runtime::EngineConfig c = small_engine();
+  c.testing_fail_step = 3;  // a decode step of one sequence: a graph step
+  c.testing_fail_rank = 1;
+  runtime::Engine engine(*ranks, c);
+  std::vector<runtime::FinishReason> finish;
+  auto submit = [&] {
+    const auto r = engine.submit(greedy({5, 6, 7, 8}, 8), [&](const runtime::RequestOutput& o) {
+      if (o.finish != runtime::FinishReason::None) finish.push_back(o.finish);
+    });
+    ASSERT_EQ(r.error, runtime::SubmitError::None) << r.message;
+  };
+  auto drain = [&] {
+    auto done = std::async(std::launch::async, [&] {
+      while (engine.step()) {
+      }
+    });
+    ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the ranks hung";
+    done.get();
+  };
+  submit();
+  drain();
+  ASSERT_EQ(finish.size(), 1u);
+  EXPECT_EQ(finish[0], runtime::FinishReason::Error);
+  EXPECT_GE(engine.stats().graph_steps, 1);  // the steps before the fault replayed graphs
+  EXPECT_EQ(engine.stats().failed_steps, 1);
+  submit();
+  drain();
+  ASSERT_EQ(finish.size(), 2u);
+  EXPECT_EQ(finish[1], runtime::FinishReason::Error);
+  EXPECT_EQ(engine.stats().failed_steps, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaParallelGraphs,
