@@ -190,40 +190,65 @@ TEST(CudaPeerCommunicator, CollectivesCapturedInAGraphReplayWithNewInputs) {
   const int64_t rows = 4, d = 1024;
   PeerGroup g(n);
   for (const auto& c : g.comms) EXPECT_TRUE(c->capturable());
-  std::atomic<int> wrong{0};
+  // Each rank's tensors and graph, made before any replays (as the engine captures every rank's
+  // graphs before its first step), and uploaded.
+  struct Mine {
+    Mine() : x(DType::F32, 100), h(DType::BF16, rows * d), delta(DType::BF16, rows * d), w(DType::BF16, d),
+             out(DType::BF16, rows * d) {}
+    ~Mine() {
+      if (exec) cudaGraphExecDestroy(exec);
+    }
+    DeviceTensor x, h, delta, w, out;
+    cudaGraphExec_t exec = nullptr;
+  };
+  std::vector<std::unique_ptr<Mine>> mine;
+  for (int r = 0; r < n; ++r) mine.push_back(std::make_unique<Mine>());
   g.threads.run([&](int r) {
     const cudaStream_t s = g.ranks[size_t(r)].stream;
     const ops::Context& ctx = g.ranks[size_t(r)].ctx;
-    DeviceTensor x(DType::F32, 100), h(DType::BF16, rows * d), delta(DType::BF16, rows * d), w(DType::BF16, d),
-        out(DType::BF16, rows * d);
-    w.put(s, std::vector<uint16_t>(size_t(d), f32_to_bf16(1.0f)));
+    Mine& m = *mine[size_t(r)];
+    m.w.put(s, std::vector<uint16_t>(size_t(d), f32_to_bf16(1.0f)));
     const Shape shape{rows, d};
     cudaGraph_t graph = nullptr;
     TETRA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    g.comms[size_t(r)]->all_reduce_sum(ctx, x.view());
-    const bool fused =
-        g.comms[size_t(r)]->all_reduce_sum_add_rms_norm(ctx, delta.view(shape), h.view(shape), w.view(), 1e-6f,
-                                                        out.view(shape));
+    g.comms[size_t(r)]->all_reduce_sum(ctx, m.x.view());
+    const bool fused = g.comms[size_t(r)]->all_reduce_sum_add_rms_norm(ctx, m.delta.view(shape), m.h.view(shape),
+                                                                       m.w.view(), 1e-6f, m.out.view(shape));
     TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     EXPECT_TRUE(fused);
-    cudaGraphExec_t exec = nullptr;
-    TETRA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int round = 0; round < 4; ++round) {
-      // Small integers: every sum is exact, and out = h / rms(h) = 1 for rows of equal values.
-      x.put(s, std::vector<float>(100, float(10 * round + r)));
-      h.put(s, std::vector<uint16_t>(size_t(rows * d), f32_to_bf16(float(round))));
-      delta.put(s, std::vector<uint16_t>(size_t(rows * d), f32_to_bf16(float(r + 1))));
-      TETRA_CUDA_CHECK(cudaGraphLaunch(exec, s));
-      for (float v : x.get<float>(s))
-        if (v != float(20 * round + 1)) ++wrong;
-      for (uint16_t v : h.get<uint16_t>(s))
-        if (bf16_to_f32(v) != float(round + 3)) ++wrong;
-      for (uint16_t v : out.get<uint16_t>(s))
-        if (std::fabs(bf16_to_f32(v) - 1.0f) > 1e-2f) ++wrong;
-    }
-    cudaGraphExecDestroy(exec);
+    TETRA_CUDA_CHECK(cudaGraphInstantiate(&m.exec, graph, 0));
     cudaGraphDestroy(graph);
+    TETRA_CUDA_CHECK(cudaGraphUpload(m.exec, s));
+    TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
   });
+  std::atomic<int> wrong{0};
+  for (int round = 0; round < 4; ++round) {
+    // Small integers: every sum is exact, and out = h / rms(h) = 1 for rows of equal values.
+    // The inputs are set on every rank before any replays, so no copy meets a waiting kernel.
+    g.threads.run([&](int r) {
+      const cudaStream_t s = g.ranks[size_t(r)].stream;
+      Mine& m = *mine[size_t(r)];
+      m.x.put(s, std::vector<float>(100, float(10 * round + r)));
+      m.h.put(s, std::vector<uint16_t>(size_t(rows * d), f32_to_bf16(float(round))));
+      m.delta.put(s, std::vector<uint16_t>(size_t(rows * d), f32_to_bf16(float(r + 1))));
+    });
+    g.threads.run([&](int r) {
+      const cudaStream_t s = g.ranks[size_t(r)].stream;
+      Mine& m = *mine[size_t(r)];
+      TETRA_CUDA_CHECK(cudaGraphLaunch(m.exec, s));
+      TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
+    });
+    g.threads.run([&](int r) {
+      const cudaStream_t s = g.ranks[size_t(r)].stream;
+      Mine& m = *mine[size_t(r)];
+      for (float v : m.x.get<float>(s))
+        if (v != float(20 * round + 1)) ++wrong;
+      for (uint16_t v : m.h.get<uint16_t>(s))
+        if (bf16_to_f32(v) != float(round + 3)) ++wrong;
+      for (uint16_t v : m.out.get<uint16_t>(s))
+        if (std::fabs(bf16_to_f32(v) - 1.0f) > 1e-2f) ++wrong;
+    });
+  }
   EXPECT_EQ(wrong.load(), 0);
 }
 

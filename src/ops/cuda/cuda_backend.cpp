@@ -102,7 +102,14 @@ std::unique_ptr<Graph> capture_graph(cudaStream_t stream, const std::function<vo
   const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   TETRA_CUDA_CHECK(err);
-  return std::make_unique<CudaGraph>(exec, int64_t(n_nodes));
+  auto out = std::make_unique<CudaGraph>(exec, int64_t(n_nodes));
+  // Uploaded now, at startup, rather than by its first launch: that launch may come while
+  // another rank's graph waits in a collective for this one, and the upload is work the driver
+  // does for the device, which a spinning kernel may hold up (a precaution: parallel/ has the
+  // hazards of spinning collectives).
+  TETRA_CUDA_CHECK(cudaGraphUpload(exec, stream));
+  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
 }
 
 // What the MLA ops say to an FP8 cache (--kv-cache-dtype fp8_e4m3), before touching it.
