@@ -33,10 +33,20 @@ std::vector<Split> splits_of(std::initializer_list<const char*> fixtures) {
   return out;
 }
 
+int world_of(const Split& sp) { return std::max(sp.tp, sp.ep); }
+
+// Every rank on GPU 0 (the default: the test machine has one), or on a GPU of its own.
+std::vector<int> own_gpus(const Split& sp) {
+  std::vector<int> devices;
+  for (int r = 0; r < world_of(sp); ++r) devices.push_back(r);
+  return devices;
+}
+
 std::unique_ptr<runtime::ModelRanks> cuda_ranks(const std::filesystem::path& dir, const Split& sp,
-                                                const model::LoadOptions& options = {}) {
-  const int world = std::max(sp.tp, sp.ep);
-  return runtime::load_ranks(dir, {.device = "cuda"}, {sp.tp, sp.ep}, options, nullptr, std::vector<int>(size_t(world), 0));
+                                                const model::LoadOptions& options = {},
+                                                std::vector<int> devices = {}) {
+  if (devices.empty()) devices.assign(size_t(world_of(sp)), 0);
+  return runtime::load_ranks(dir, {.device = "cuda"}, {sp.tp, sp.ep}, options, nullptr, devices);
 }
 
 class CudaParallelFixture : public ::testing::TestWithParam<Split> {
@@ -46,16 +56,15 @@ class CudaParallelFixture : public ::testing::TestWithParam<Split> {
   }
 };
 
-// Every shipped fixture split, batched in the engine, against transformers' greedy tokens and
-// log-probs by the rule one GPU is held to.
-TEST_P(CudaParallelFixture, EngineMatchesTransformers) {
-  const Split& sp = GetParam();
+// A fixture split over ranks on `devices`, batched in the engine, against transformers' greedy
+// tokens and log-probs by the rule one GPU is held to.
+void expect_split_matches_transformers(const Split& sp, const std::vector<int>& devices) {
   const auto dir = testing::fixtures_dir() / sp.fixture;
   const auto cases = testing::read_cases(dir);
   ASSERT_FALSE(cases.empty());
   const std::vector<size_t> checked = positions_before_router_ties(dir, cases);
-  auto split = cuda_ranks(dir, sp);
-  ASSERT_EQ(split->size(), std::max(sp.tp, sp.ep));
+  auto split = cuda_ranks(dir, sp, {}, devices);
+  ASSERT_EQ(split->size(), world_of(sp));
   std::vector<runtime::RequestParams> reqs;
   for (const auto& c : cases) reqs.push_back(greedy(c.prompt_ids, c.max_new_tokens));
   const auto runs = run_engine(*split, reqs, small_engine());
@@ -63,6 +72,9 @@ TEST_P(CudaParallelFixture, EngineMatchesTransformers) {
     expect_close(runs[i], cases[i].token_ids, cases[i].logprobs, {},
                  str_cat(sp.fixture, " tp ", sp.tp, " ep ", sp.ep, " case ", i), checked[i]);
 }
+
+// Every shipped fixture, each split, every rank on GPU 0.
+TEST_P(CudaParallelFixture, EngineMatchesTransformers) { expect_split_matches_transformers(GetParam(), {}); }
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, CudaParallelFixture,
@@ -72,6 +84,20 @@ INSTANTIATE_TEST_SUITE_P(
                                    "glm4_moe_lite-tiny", "glm_moe_dsa-tiny", "deepseek_v3-tiny-nvfp4",
                                    "deepseek_v3-noqlora-nvfp4", "glm4_moe_lite-tiny-nvfp4", "glm_moe_dsa-tiny-nvfp4"})),
     split_name);
+
+// The same on GPUs of their own where the machine has enough (peer memory over NVLink, NCCL for
+// the large messages): a fixture of each family, each split.
+class CudaParallelOwnGpus : public CudaParallelFixture {};
+
+TEST_P(CudaParallelOwnGpus, EngineMatchesTransformers) {
+  if (ops::cuda_device_count() < world_of(GetParam())) GTEST_SKIP() << "fewer than " << world_of(GetParam()) << " GPUs";
+  expect_split_matches_transformers(GetParam(), own_gpus(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParallelOwnGpus,
+                         ::testing::ValuesIn(splits_of({"qwen3_moe-tiny-nvfp4", "glm4_moe-tiny", "mixtral-tiny-nvfp4",
+                                                        "deepseek_v3-tiny-nvfp4", "glm_moe_dsa-tiny-nvfp4"})),
+                         split_name);
 
 class CudaParallelDummy : public CudaParallelFixture {};
 
@@ -127,9 +153,8 @@ class CudaParallelGraphs : public CudaParallelFixture {};
 // Split models' decode graphs: every rank captures its step, collectives (fused with the norms)
 // inside, and replays it on its own thread. Against each rank's eager steps padded to the same
 // batch sizes (the same kernels in the same order), requests joining and leaving mid-batch.
-TEST_P(CudaParallelGraphs, ReplayEqualsTheEagerStep) {
-  const Split& sp = GetParam();
-  auto ranks = cuda_ranks(testing::fixtures_dir() / sp.fixture, sp, {.dummy = true});
+void expect_graphs_replay_the_eager_steps(const Split& sp, const std::vector<int>& devices) {
+  auto ranks = cuda_ranks(testing::fixtures_dir() / sp.fixture, sp, {.dummy = true}, devices);
   const auto reqs = mixed_requests(9, ranks->model().config().vocab_size, 3);
   runtime::EngineConfig graphs = small_engine();
   graphs.max_running_requests = 8;  // sizes 1, 2, 4, 8
@@ -141,6 +166,13 @@ TEST_P(CudaParallelGraphs, ReplayEqualsTheEagerStep) {
   EXPECT_GT(with_graphs.graph_steps, 0);
   EXPECT_EQ(with_graphs.graph_steps, eager.graph_steps);
   expect_same(got, want, str_cat(sp.fixture, " tp ", sp.tp, " ep ", sp.ep));
+}
+
+TEST_P(CudaParallelGraphs, ReplayEqualsTheEagerStep) { expect_graphs_replay_the_eager_steps(GetParam(), {}); }
+
+TEST_P(CudaParallelGraphs, ReplayEqualsTheEagerStepOnGpusOfTheirOwn) {
+  if (ops::cuda_device_count() < world_of(GetParam())) GTEST_SKIP() << "fewer than " << world_of(GetParam()) << " GPUs";
+  expect_graphs_replay_the_eager_steps(GetParam(), own_gpus(GetParam()));
 }
 
 // A rank that fails before replaying its decode graph: the others' graphs wait in their first

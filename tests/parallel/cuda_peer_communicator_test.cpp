@@ -22,6 +22,9 @@
 #include "ops/ops.h"
 #include "parallel/cuda_peer_communicator.h"
 #include "parallel/cuda_thread_communicator.h"
+#ifdef TETRA_HAVE_NCCL
+#include "parallel/nccl_communicator.h"
+#endif
 #include "cuda_rank_test_util.h"
 
 namespace tetra::parallel {
@@ -59,6 +62,7 @@ TEST(CudaPeerCommunicator, AllReduceOfBf16RoundsTheF32SumOnce) {
     ASSERT_EQ(expect[0], f32_to_bf16(1.0078125f));  // BF16 added one by one would give 1
     std::vector<std::vector<uint16_t>> got(n);
     g.threads.run([&](int r) {
+      g.use(r);
       const cudaStream_t s = g.ranks[size_t(r)].stream;
       DeviceTensor x(DType::BF16, len);
       x.put(s, host[size_t(r)]);
@@ -94,6 +98,7 @@ std::vector<NormOutputs> add_rms_norm_of_parts(RankGroup& g, const NormInputs& i
   const int n = int(g.comms.size());
   std::vector<NormOutputs> got(static_cast<size_t>(n));
   g.threads.run([&](int r) {
+    g.use(r);
     const cudaStream_t s = g.ranks[size_t(r)].stream;
     DeviceTensor h(DType::BF16, rows * d), delta(DType::BF16, rows * d), w(DType::BF16, d), out(DType::BF16, rows * d);
     h.put(s, in.h);
@@ -142,6 +147,7 @@ TEST(CudaPeerCommunicator, MoreRowsThanBlocksAreLeftToTheSumAndTheNorm) {
   const NormInputs in(2, 33, 2048);
   std::atomic<int> fused{0}, changed{0};
   g.threads.run([&](int r) {
+    g.use(r);
     const cudaStream_t s = g.ranks[size_t(r)].stream;
     DeviceTensor h(DType::BF16, 33 * 2048), delta(DType::BF16, 33 * 2048), w(DType::BF16, 2048),
         out(DType::BF16, 33 * 2048);
@@ -162,6 +168,7 @@ TEST(CudaPeerCommunicator, ManyCollectivesOfChangingSizesAndKindsStayInStep) {
   PeerGroup g(n);
   std::atomic<int> wrong{0};
   g.threads.run([&](int r) {
+    g.use(r);
     const cudaStream_t s = g.ranks[size_t(r)].stream;
     const ops::Context& ctx = g.ranks[size_t(r)].ctx;
     for (int step = 0; step < 150; ++step) {
@@ -204,6 +211,7 @@ TEST(CudaPeerCommunicator, CollectivesCapturedInAGraphReplayWithNewInputs) {
   std::vector<std::unique_ptr<Mine>> mine;
   for (int r = 0; r < n; ++r) mine.push_back(std::make_unique<Mine>());
   g.threads.run([&](int r) {
+    g.use(r);
     const cudaStream_t s = g.ranks[size_t(r)].stream;
     const ops::Context& ctx = g.ranks[size_t(r)].ctx;
     Mine& m = *mine[size_t(r)];
@@ -226,6 +234,7 @@ TEST(CudaPeerCommunicator, CollectivesCapturedInAGraphReplayWithNewInputs) {
     // Small integers: every sum is exact, and out = h / rms(h) = 1 for rows of equal values.
     // The inputs are set on every rank before any replays, so no copy meets a waiting kernel.
     g.threads.run([&](int r) {
+      g.use(r);
       const cudaStream_t s = g.ranks[size_t(r)].stream;
       Mine& m = *mine[size_t(r)];
       m.x.put(s, std::vector<float>(100, float(10 * round + r)));
@@ -233,12 +242,14 @@ TEST(CudaPeerCommunicator, CollectivesCapturedInAGraphReplayWithNewInputs) {
       m.delta.put(s, std::vector<uint16_t>(size_t(rows * d), f32_to_bf16(float(r + 1))));
     });
     g.threads.run([&](int r) {
+      g.use(r);
       const cudaStream_t s = g.ranks[size_t(r)].stream;
       Mine& m = *mine[size_t(r)];
       TETRA_CUDA_CHECK(cudaGraphLaunch(m.exec, s));
       TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
     });
     g.threads.run([&](int r) {
+      g.use(r);
       const cudaStream_t s = g.ranks[size_t(r)].stream;
       Mine& m = *mine[size_t(r)];
       for (float v : m.x.get<float>(s))
@@ -288,6 +299,7 @@ TEST(CudaPeerCommunicator, ARankThatThrowsAbortsTheOthersCollectives) {
   for (int r = 0; r < n; ++r) x.push_back(std::make_unique<DeviceTensor>(DType::F32, 8));
   try {
     g.threads.run([&](int r) {
+      g.use(r);
       if (r == 1) fail("rank one broke");
       g.comms[size_t(r)]->all_reduce_sum(g.ranks[size_t(r)].ctx, x[size_t(r)]->view());  // waits for rank 1
     });
@@ -310,6 +322,7 @@ TEST(CudaPeerCommunicator, LargeMessagesGoToTheLargeCommunicator) {
   const std::vector<float> expect = rank_order_sum(host);
   std::atomic<int> wrong{0}, fused{0};
   g.threads.run([&](int r) {
+    g.use(r);
     const cudaStream_t s = g.ranks[size_t(r)].stream;
     DeviceTensor x(DType::F32, big), t(DType::BF16, rows * d), w(DType::BF16, d);
     x.put(s, host[size_t(r)]);
@@ -323,6 +336,46 @@ TEST(CudaPeerCommunicator, LargeMessagesGoToTheLargeCommunicator) {
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(fused.load(), n);
 }
+
+// Ranks on GPUs of their own, where the machine has two: the sums, and the fused step against the
+// thread communicator's sum and the separate norm, as on one GPU; NCCL taking the large messages.
+class CudaPeerCommunicatorOnTwoGpus : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (ops::cuda_device_count() < 2) GTEST_SKIP() << "fewer than two GPUs";
+  }
+  static std::unique_ptr<RankGroup> peers(std::vector<std::unique_ptr<ops::Communicator>> large = {}) {
+    return std::make_unique<RankGroup>(make_cuda_peer_communicators({0, 1}, std::move(large)), std::vector<int>{0, 1});
+  }
+};
+
+TEST_F(CudaPeerCommunicatorOnTwoGpus, SumsInRankOrder) {
+  expect_rank_order_sums([](int) { return peers(); }, {2}, {1, 1001, (1 << 20) + 3, int64_t(3) << 20});
+}
+
+TEST_F(CudaPeerCommunicatorOnTwoGpus, TheSumFusedWithTheNormLeavesTheBitsOfTheTwoApart) {
+  for (auto [rows, d] : {std::pair<int64_t, int64_t>{1, 2048}, {32, 6144}}) {
+    const NormInputs in(2, rows, d);
+    auto fused_group = peers();
+    RankGroup apart_group(make_cuda_thread_communicators({0, 1}), {0, 1});
+    const auto fused = add_rms_norm_of_parts(*fused_group, in, rows, d, true);
+    const auto apart = add_rms_norm_of_parts(apart_group, in, rows, d, false);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(fused[size_t(r)].h, apart[size_t(r)].h) << rows << " x " << d << ", rank " << r;
+      EXPECT_EQ(fused[size_t(r)].out, apart[size_t(r)].out) << rows << " x " << d << ", rank " << r;
+    }
+  }
+}
+
+#ifdef TETRA_HAVE_NCCL
+// Two ranks' sum is the same bits in any order, so NCCL's ring leaves the rank-order sum too.
+TEST_F(CudaPeerCommunicatorOnTwoGpus, NcclTakesTheLargeMessages) {
+  std::string why_not;
+  if (!nccl_loads(&why_not)) GTEST_SKIP() << "NCCL does not load here: " << why_not;
+  expect_rank_order_sums([](int) { return peers(make_nccl_communicators({0, 1})); }, {2},
+                         {1001, int64_t(3) << 20});
+}
+#endif
 
 }  // namespace
 }  // namespace tetra::parallel

@@ -1,6 +1,6 @@
-// What the CUDA communicator tests share: ranks as threads, each with its own stream on device
-// 0 (the test machine has one GPU), and device tensors filled from and read back into host
-// vectors.
+// What the CUDA communicator tests share: ranks as threads, each with its own stream, on device
+// 0 (the test machine has one GPU) or a GPU each, and device tensors filled from and read back
+// into host vectors (allocated on the calling thread's device).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -22,32 +23,36 @@
 
 namespace tetra::parallel {
 
-// A rank's stream and context, as the runtime gives each rank its own.
+// A rank's device, stream and context, as the runtime gives each rank its own.
 struct Rank {
-  Rank() {
-    TETRA_CUDA_CHECK(cudaSetDevice(0));
+  explicit Rank(int d) : device(d) {
+    TETRA_CUDA_CHECK(cudaSetDevice(device));
     TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     ctx.stream = stream;
+    TETRA_CUDA_CHECK(cudaSetDevice(0));
   }
   ~Rank() { cudaStreamDestroy(stream); }
   Rank(const Rank&) = delete;
   Rank& operator=(const Rank&) = delete;
+  int device;
   cudaStream_t stream = nullptr;
   ops::Context ctx;
 };
 
-// A communicator, a thread and a stream a rank; a rank that throws aborts every communicator.
+// A communicator, a thread and a stream a rank, on devices[rank] (all on device 0 where
+// `devices` is empty); a rank that throws aborts every communicator. A rank's work on its
+// thread starts with use(rank): the threads start on device 0.
 struct RankGroup {
-  explicit RankGroup(std::vector<std::unique_ptr<ops::Communicator>> c)
-      : comms(std::move(c)),
-        threads(int(comms.size()),
-                [this](const std::string& why) {
-                  for (auto& comm : comms) comm->abort(why);
-                }),
-        ranks(comms.size()) {}
+  explicit RankGroup(std::vector<std::unique_ptr<ops::Communicator>> c, std::vector<int> devices = {})
+      : comms(std::move(c)), threads(int(comms.size()), [this](const std::string& why) {
+          for (auto& comm : comms) comm->abort(why);
+        }) {
+    for (size_t r = 0; r < comms.size(); ++r) ranks.emplace_back(devices.empty() ? 0 : devices[r]);
+  }
+  void use(int rank) const { TETRA_CUDA_CHECK(cudaSetDevice(ranks[size_t(rank)].device)); }
   std::vector<std::unique_ptr<ops::Communicator>> comms;
   RankThreads threads;
-  std::vector<Rank> ranks;
+  std::deque<Rank> ranks;
 };
 
 // A device tensor of n elements, uploaded from and read back to host vectors on a rank's stream.
@@ -107,6 +112,7 @@ void expect_rank_order_sums(MakeGroup make_group, std::initializer_list<int> ran
       const std::vector<float> expect = rank_order_sum(host);
       std::vector<std::vector<float>> got(static_cast<size_t>(n));
       g->threads.run([&](int r) {
+        g->use(r);
         const cudaStream_t s = g->ranks[size_t(r)].stream;
         DeviceTensor x(DType::F32, len);
         x.put(s, host[size_t(r)]);

@@ -154,7 +154,7 @@ TEST(CudaThreadCommunicator, RefusesAStreamUnderCaptureAndOtherDtypes) {
   if (!ops::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   // One rank: its barrier would return at once, so only the capture check can refuse.
   auto comms = make_cuda_thread_communicators({0});
-  Rank rank;
+  Rank rank(0);
   DeviceTensor x(DType::F32, 16), ints(DType::I32, 16);
   ASSERT_EQ(cudaStreamBeginCapture(rank.stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   std::string what;

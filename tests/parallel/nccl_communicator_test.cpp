@@ -1,6 +1,6 @@
-// The NCCL communicator with one rank on GPU 0 (the GPU machine has one GPU; NCCL refuses two
-// ranks on one): libnccl loads at run time, a one-rank sum and gather leave the data as it
-// was, tensors it cannot take are refused, and an aborted communicator throws.
+// The NCCL communicator with one rank on GPU 0 (NCCL refuses two ranks on one GPU): libnccl loads
+// at run time, a one-rank sum and gather leave the data as it was, tensors it cannot take are
+// refused, and an aborted communicator throws; and two ranks on two GPUs where there are two.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 
@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "ops/ops.h"
 #include "parallel/nccl_communicator.h"
+#include "cuda_rank_test_util.h"
 
 // Built where nccl.h is (TETRA_HAVE_NCCL, as the communicator is).
 #ifdef TETRA_HAVE_NCCL
@@ -77,6 +78,34 @@ TEST_F(NcclCommunicatorTest, RefusesWhatItCannotTakeAndThrowsOnceAborted) {
     FAIL() << "a collective after abort must throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("rank 0 failed: a test"), std::string::npos) << e.what();
+  }
+}
+
+// Two ranks on GPUs of their own, where the machine has them: each thread sums and gathers on
+// its comm, and both get the same bits (two ranks' sum is the same in any order).
+TEST_F(NcclCommunicatorTest, TwoRanksOnGpusOfTheirOwnSumAndGather) {
+  if (ops::cuda_device_count() < 2) GTEST_SKIP() << "fewer than two GPUs";
+  RankGroup g(make_nccl_communicators({0, 1}), {0, 1});
+  std::vector<std::vector<float>> host(2);
+  for (int r = 0; r < 2; ++r)
+    for (int i = 0; i < 1001; ++i) host[size_t(r)].push_back(order_sensitive_value(r, i));
+  const std::vector<float> sum = rank_order_sum(host);
+  std::vector<std::vector<float>> summed(2), gathered(2);
+  g.threads.run([&](int r) {
+    g.use(r);
+    const cudaStream_t s = g.ranks[size_t(r)].stream;
+    DeviceTensor x(DType::F32, 1001), all(DType::F32, 2 * 1001);
+    x.put(s, host[size_t(r)]);
+    g.comms[size_t(r)]->all_gather(g.ranks[size_t(r)].ctx, x.view(), all.view());
+    g.comms[size_t(r)]->all_reduce_sum(g.ranks[size_t(r)].ctx, x.view());
+    summed[size_t(r)] = x.get<float>(s);
+    gathered[size_t(r)] = all.get<float>(s);
+  });
+  std::vector<float> both = host[0];
+  both.insert(both.end(), host[1].begin(), host[1].end());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(std::memcmp(summed[size_t(r)].data(), sum.data(), sum.size() * 4), 0) << "rank " << r;
+    EXPECT_EQ(std::memcmp(gathered[size_t(r)].data(), both.data(), both.size() * 4), 0) << "rank " << r;
   }
 }
 
