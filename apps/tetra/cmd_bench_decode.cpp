@@ -1,7 +1,8 @@
 // tetra bench decode: the serving engine in-process (no HTTP) on synthetic sequences. Per
 // batch size: the decode step's time (as served: CUDA graphs where the backend has them), its
 // byte floor (the weights the step touches and the KV it reads, over the bandwidth), and where
-// the time goes, op class by op class, from an eager profiling pass.
+// the time goes, op class by op class, from an eager profiling pass. With --tp/--ep the model
+// runs split over ranks as `tetra serve` runs it; the floor and the breakdown are rank 0's.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -25,6 +26,8 @@
 #include "runtime/engine.h"
 #include "runtime/kv_cache.h"
 #include "runtime/op_profile.h"
+#include "runtime/ranks.h"
+#include "parallel_flags.h"
 
 namespace tetra::cli {
 namespace {
@@ -47,20 +50,19 @@ StepTimes summarize(std::vector<double> t) {
 // The bytes one decode step of `batch` sequences at `context` tokens must read: every dense
 // weight (the embedding table only for the batch's rows, unless it is also the lm_head), the
 // distinct routed experts the batch touches under uniform routing, and the KV cache rows it
-// attends.
+// attends. Of one rank where the model is split: what it holds.
 double step_floor_bytes(const model::Model& m, int64_t batch, int64_t context, DType kv_dtype) {
   const ModelConfig& c = m.config();
   const model::LoadStats s = m.load_stats();
   const double table = double(c.vocab_size) * double(c.hidden_size) * 2;
   double dense = double(s.bytes - s.routed_expert_bytes);
   if (!c.tie_word_embeddings) dense -= table - double(batch) * double(c.hidden_size) * 2;
-  int64_t moe_layers = 0;
-  for (bool moe : c.layer_is_moe) moe_layers += moe;
+  // Each expert (of the experts held) is touched with the same chance, so the touched share of
+  // the experts' bytes is that chance.
   double experts = 0;
-  if (moe_layers > 0 && c.n_routed_experts > 0) {
+  if (c.n_routed_experts > 0) {
     const double e = double(c.n_routed_experts), k = double(c.n_experts_per_tok);
-    const double touched = e * (1 - std::pow(1 - k / e, double(batch)));
-    experts = double(moe_layers) * touched * double(s.routed_expert_bytes) / (double(moe_layers) * e);
+    experts = double(s.routed_expert_bytes) * (1 - std::pow(1 - k / e, double(batch)));
   }
   // The cache: every row of each layer, except that with the DSA (index_topk > 0) a token
   // reads only the index_topk latents its indexer chose, beside every index key.
@@ -88,16 +90,16 @@ using OpTimes = std::map<std::string, runtime::OpTime>;
 // Runs `batch` requests of `context` random prompt tokens to their first token (the seconds
 // that took in *fill_s), then times `steps` decode steps one by one; with `prof`, profiles
 // `profile_steps` more, one map each.
-StepTimes run_engine(model::Model& m, ops::Backend& b, runtime::EngineConfig config, int64_t batch, int64_t context,
+StepTimes run_engine(runtime::ModelRanks& ranks, runtime::EngineConfig config, int64_t batch, int64_t context,
                      int steps, runtime::ProfilingBackend* prof, int profile_steps, int64_t* graph_steps,
                      double* fill_s, std::vector<OpTimes>* profiled = nullptr) {
   config.max_running_requests = int(batch);
   config.enable_prefix_caching = false;
   const int64_t new_tokens = 2 + steps + profile_steps;
   config.kv_blocks = batch * ((context + new_tokens + config.block_size - 1) / config.block_size) + 1;
-  runtime::Engine engine(m, b, config);
+  runtime::Engine engine(ranks, config);
   std::mt19937 rng(7);
-  std::uniform_int_distribution<int32_t> pick(0, int32_t(m.config().vocab_size) - 1);
+  std::uniform_int_distribution<int32_t> pick(0, int32_t(ranks.model().config().vocab_size) - 1);
   std::map<uint64_t, int64_t> generated;
   for (int64_t i = 0; i < batch; ++i) {
     runtime::RequestParams p;
@@ -192,6 +194,8 @@ int cmd_bench_decode(int argc, char** argv) {
                "leave the prompts' KV cache random instead of running them (long contexts at once; no prefill "
                "figure, and the tokens mean nothing)");
   app.add_flag("--disable-cuda-graph", config.disable_cuda_graph, "time eager decode steps, without CUDA graphs");
+  parallel::Parallelism par;
+  add_parallel_flags(app, par);
   app.add_option("--json", json_path, "also write the figures as JSON to FILE");
   app.add_flag("--verbose", verbose, "also list the slowest ops of each batch size");
   try {
@@ -201,13 +205,21 @@ int cmd_bench_decode(int argc, char** argv) {
   }
   try {
     const std::vector<int64_t> batch_sizes = parse_list(batches, "--batch");
+    check_parallel_flags(par);
     config.bench_skip_prompt_forward = skip_prefill;
-    auto prof = std::make_unique<runtime::ProfilingBackend>(ops::make_backend(backend_options(dev)));
+    // Rank 0's backend is profiled (the others run as they serve).
+    const ops::BackendOptions each0 = runtime::rank_backend_options(backend_options(dev), par).front();
+    auto owned_prof = std::make_unique<runtime::ProfilingBackend>(ops::make_backend(each0));
+    runtime::ProfilingBackend* prof = owned_prof.get();
     std::fprintf(stderr, "tetra bench decode: backend %s\n", prof->name().c_str());
     model::LoadOptions options;
     options.dummy = dev.load_format == "dummy";
     options.hf_overrides = hf_overrides;
-    auto model = model::load_model(model_dir, *prof, options);
+    auto ranks = runtime::load_ranks(model_dir, backend_options(dev), par, options, std::move(owned_prof));
+    if (ranks->size() > 1)
+      std::fprintf(stderr, "tetra bench decode: %d ranks (--tp %d --ep %d); the floor and the breakdown are rank 0's\n",
+                   ranks->size(), par.tp, par.ep);
+    const model::Model* model = &ranks->model();
     const ModelConfig& mc = model->config();
     std::fprintf(stderr, "tetra bench decode: %s\n", describe_architecture(mc).c_str());
     TETRA_CHECK(context + 2 + steps + profile_steps <= mc.max_position_embeddings, "--context ", context, " plus ",
@@ -218,13 +230,12 @@ int cmd_bench_decode(int argc, char** argv) {
       Row r;
       r.batch = batch;
       r.context = context;
-      r.served = run_engine(*model, *prof, config, batch, context, steps, nullptr, 0, &r.graph_steps, &r.fill_s);
+      r.served = run_engine(*ranks, config, batch, context, steps, nullptr, 0, &r.graph_steps, &r.fill_s);
       if (profile_steps > 0) {
         runtime::EngineConfig eager = config;
         eager.disable_cuda_graph = true;
         std::vector<OpTimes> profiled;
-        r.eager = run_engine(*model, *prof, eager, batch, context, steps, prof.get(), profile_steps, nullptr, nullptr,
-                             &profiled);
+        r.eager = run_engine(*ranks, eager, batch, context, steps, prof, profile_steps, nullptr, nullptr, &profiled);
         // Each op's median over the profiled steps (one stray wait does not skew it).
         for (const auto& [name, first] : profiled.front()) {
           std::vector<double> t;

@@ -1,4 +1,5 @@
-// --tp and --ep, for the commands that run a model on several ranks (serve, generate).
+// --tp and --ep, for the commands that run a model on several ranks (serve, generate, eval,
+// bench decode).
 #pragma once
 
 #include "parallel/sharding.h"

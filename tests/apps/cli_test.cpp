@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 
@@ -501,6 +502,29 @@ TEST(Cli, BenchDecodeReportsPrefillOrSkipsIt) {
       EXPECT_EQ(row.contains("prefill_tokens_per_s"), !skip);
     }
   }
+  fs::remove(json);
+}
+
+// bench decode runs a split model as serve does; its floor is rank 0's share: the same for
+// every rank count at one token would mean the split was not counted.
+TEST(Cli, BenchDecodeRunsASplitModelAndCountsRankZerosBytes) {
+  const std::string model = (fs::path(TETRA_SOURCE_DIR) / "tests/fixtures/qwen3_moe-tiny-nvfp4").string();
+  const fs::path json = fs::temp_directory_path() / ("tetra_bench_decode_tp_" + std::to_string(::getpid()) + ".json");
+  std::map<std::string, double> floor_ms;
+  for (const char* split : {"", "--tp 2", "--ep 2", "--tp 2 --ep 2"}) {
+    SCOPED_TRACE(split);
+    const auto r = run_cli("bench decode --device cpu --model " + model + " --batch 2 --context 16 --steps 3 " +
+                           "--profile-steps 0 " + split + " --json " + json.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream in(json);
+    const auto rows = nlohmann::json::parse(in);
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_GT(rows[0]["step_ms_median"].get<double>(), 0);
+    floor_ms[split] = rows[0]["floor_ms"].get<double>();
+  }
+  EXPECT_LT(floor_ms["--tp 2"], floor_ms[""]);
+  EXPECT_LT(floor_ms["--ep 2"], floor_ms[""]);
+  EXPECT_LT(floor_ms["--tp 2 --ep 2"], floor_ms[""]);
   fs::remove(json);
 }
 
