@@ -266,16 +266,17 @@ std::vector<int64_t> Engine::Impl::graph_sizes() const {
   if (backend.device() == Device::Cpu && !config.testing_eager_decode_graphs) return {};
   // Several ranks capture their collectives too: only communicators that never wait on the host.
   for (int r = 0; r < ranks.size(); ++r)
-    if (ranks.comm(r) && !ranks.comm(r)->capturable() && !config.testing_eager_decode_graphs) {
-      log_info("decode steps run eagerly: the ranks' communicator cannot be captured in a CUDA graph");
-      return {};
-    }
+    if (ranks.comm(r) && !ranks.comm(r)->capturable() && !config.testing_eager_decode_graphs) return {};
   return decode_graph_sizes(std::min<int64_t>(config.cuda_graph_max_bs, capacity.max_seqs));
 }
 
 void Engine::Impl::capture_decode_graphs() {
   const std::vector<int64_t> sizes = graph_sizes();
-  if (sizes.empty()) return;
+  if (sizes.empty()) {
+    if (!config.disable_cuda_graph && backend.device() != Device::Cpu)
+      log_info("decode steps run eagerly: the ranks' communicator cannot be captured in a CUDA graph");
+    return;
+  }
   // Each rank captures its own on its thread, at once (NCCL's, if any, are collective).
   graphs.resize(size_t(ranks.size()));
   ranks.run([&](int r) {
