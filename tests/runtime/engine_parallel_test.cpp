@@ -32,8 +32,9 @@ std::vector<runtime::RequestParams> requests(int64_t vocab) {
 // Staggered arrivals under a small prefill budget, a running cap and a KV pool small enough
 // to preempt: every request's tokens and log-probs against one rank's.
 std::vector<testing::Collected> serve(runtime::ModelRanks& r, const std::vector<runtime::RequestParams>& reqs,
-                                      runtime::EngineStats* stats) {
+                                      runtime::EngineStats* stats, bool padded_graph_steps = false) {
   EngineConfig c = testing::small_config();
+  c.testing_eager_decode_graphs = padded_graph_steps;
   c.block_size = 4;
   c.kv_blocks = 16;  // the longest request needs 13 blocks; four at once cannot fit
   c.chunked_prefill_size = 9;
@@ -72,6 +73,51 @@ TEST(EngineParallel, RanksServeTheTokensOneRankServes) {
       EXPECT_EQ(got[i].finish, FinishReason::Length) << what;
     }
   }
+}
+
+// Decode steps padded as every rank's graph replay pads them (each rank runs its own), run
+// eagerly: the tokens one rank serves.
+TEST(EngineParallel, EveryRanksPaddedGraphStepsServeTheTokensOneRankServes) {
+  auto one = ranks(1, 1);
+  const auto reqs = requests(one->model().config().vocab_size);
+  runtime::EngineStats s1;
+  const auto want = serve(*one, reqs, &s1);
+  auto split = ranks(2, 2);
+  runtime::EngineStats s;
+  const auto got = serve(*split, reqs, &s, true);
+  EXPECT_GT(s.graph_steps, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << "request " << i;
+    for (size_t t = 0; t < want[i].logprobs.size(); ++t)
+      EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-4) << "request " << i << " token " << t;
+  }
+}
+
+// A rank that fails at a graph step: the step fails, and so does every later one, because the
+// group refuses to run again (a graph's collectives would not ask the host).
+TEST(EngineParallel, ARankThatFailsAtAGraphStepEndsTheGroup) {
+  auto split = ranks(2, 1);
+  EngineConfig c = testing::small_config();
+  c.testing_eager_decode_graphs = true;
+  c.testing_fail_step = 2;  // the prompt is step 0; steps 1 and 2 decode one token each
+  c.testing_fail_rank = 1;
+  Engine engine(*split, c);
+  Collector out;
+  const auto reqs = requests(split->model().config().vocab_size);
+  const uint64_t a = testing::submit_ok(engine, testing::greedy({3, 4, 5}, 6), out);
+  auto done = std::async(std::launch::async, [&] { testing::drain(engine); });
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the ranks hung";
+  done.get();
+  EXPECT_EQ(out.by_id[a].finish, FinishReason::Error);
+  EXPECT_EQ(engine.stats().graph_steps, 1);
+  EXPECT_EQ(engine.stats().failed_steps, 1);
+  const uint64_t b = testing::submit_ok(engine, reqs[1], out);
+  auto again = std::async(std::launch::async, [&] { testing::drain(engine); });
+  ASSERT_EQ(again.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the ranks hung";
+  again.get();
+  EXPECT_EQ(out.by_id[b].finish, FinishReason::Error);
+  EXPECT_NE(out.by_id[b].error.find("the ranks stopped after a failure"), std::string::npos) << out.by_id[b].error;
 }
 
 TEST(EngineParallel, ARankThatFailsEndsTheStepAndTheGroupWithoutHanging) {

@@ -43,6 +43,7 @@ struct Collected {
   std::vector<float> logprobs;
   std::vector<std::vector<std::pair<int32_t, float>>> top;
   runtime::FinishReason finish = runtime::FinishReason::None;
+  std::string error;  // the finishing output's, where it failed
   int finishes = 0;
   int64_t cached_prompt_tokens = 0;
   int64_t completion_tokens = 0;
@@ -62,6 +63,7 @@ struct Collector {
       }
       if (o.finish != runtime::FinishReason::None) {
         c.finish = o.finish;
+        c.error = o.error;
         ++c.finishes;
       }
       c.cached_prompt_tokens = o.cached_prompt_tokens;
