@@ -53,6 +53,25 @@ std::vector<testing::Collected> serve(runtime::ModelRanks& r, const std::vector<
   return got;
 }
 
+// The engine's steps run on a thread of their own, so a hang fails the test instead of
+// stopping it.
+void drain_or_fail(Engine& engine) {
+  auto done = std::async(std::launch::async, [&] { testing::drain(engine); });
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the ranks hung";
+  done.get();
+}
+
+// Every request's tokens equal one rank's, log-probs within 1e-4.
+void expect_one_ranks_tokens(const std::vector<testing::Collected>& got, const std::vector<testing::Collected>& want,
+                             const std::string& what) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << what << " request " << i;
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what << " request " << i;
+    for (size_t t = 0; t < want[i].logprobs.size(); ++t)
+      EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-4) << what << " request " << i << " token " << t;
+  }
+}
+
 TEST(EngineParallel, RanksServeTheTokensOneRankServes) {
   auto one = ranks(1, 1);
   const auto reqs = requests(one->model().config().vocab_size);
@@ -64,14 +83,8 @@ TEST(EngineParallel, RanksServeTheTokensOneRankServes) {
     const auto got = serve(*split, reqs, &s);
     EXPECT_GT(s.preemptions, 0) << "the KV pool was meant to preempt";
     EXPECT_EQ(s.kv_blocks_used, 0);
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      const std::string what = str_cat("tp ", tp, " ep ", ep, " request ", i);
-      EXPECT_EQ(got[i].tokens, want[i].tokens) << what;
-      ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << what;
-      for (size_t t = 0; t < want[i].logprobs.size(); ++t)
-        EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-4) << what << " token " << t;
-      EXPECT_EQ(got[i].finish, FinishReason::Length) << what;
-    }
+    expect_one_ranks_tokens(got, want, str_cat("tp ", tp, " ep ", ep));
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].finish, FinishReason::Length) << "request " << i;
   }
 }
 
@@ -86,12 +99,7 @@ TEST(EngineParallel, EveryRanksPaddedGraphStepsServeTheTokensOneRankServes) {
   runtime::EngineStats s;
   const auto got = serve(*split, reqs, &s, true);
   EXPECT_GT(s.graph_steps, 0);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
-    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size()) << "request " << i;
-    for (size_t t = 0; t < want[i].logprobs.size(); ++t)
-      EXPECT_NEAR(got[i].logprobs[t], want[i].logprobs[t], 1e-4) << "request " << i << " token " << t;
-  }
+  expect_one_ranks_tokens(got, want, "tp 2 ep 2, padded graph steps");
 }
 
 // A rank that fails at a graph step: the step fails, and so does every later one, because the
@@ -106,16 +114,12 @@ TEST(EngineParallel, ARankThatFailsAtAGraphStepEndsTheGroup) {
   Collector out;
   const auto reqs = requests(split->model().config().vocab_size);
   const uint64_t a = testing::submit_ok(engine, testing::greedy({3, 4, 5}, 6), out);
-  auto done = std::async(std::launch::async, [&] { testing::drain(engine); });
-  ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the ranks hung";
-  done.get();
+  drain_or_fail(engine);
   EXPECT_EQ(out.by_id[a].finish, FinishReason::Error);
   EXPECT_EQ(engine.stats().graph_steps, 1);
   EXPECT_EQ(engine.stats().failed_steps, 1);
   const uint64_t b = testing::submit_ok(engine, reqs[1], out);
-  auto again = std::async(std::launch::async, [&] { testing::drain(engine); });
-  ASSERT_EQ(again.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the ranks hung";
-  again.get();
+  drain_or_fail(engine);
   EXPECT_EQ(out.by_id[b].finish, FinishReason::Error);
   EXPECT_NE(out.by_id[b].error.find("the ranks stopped after a failure"), std::string::npos) << out.by_id[b].error;
 }
@@ -129,18 +133,12 @@ TEST(EngineParallel, ARankThatFailsEndsTheStepAndTheGroupWithoutHanging) {
   Collector out;
   const auto reqs = requests(split->model().config().vocab_size);
   const uint64_t a = testing::submit_ok(engine, reqs[0], out);
-  // The engine's steps run on a thread of their own, so a hang fails the test instead of
-  // stopping it.
-  auto done = std::async(std::launch::async, [&] { testing::drain(engine); });
-  ASSERT_EQ(done.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the ranks hung";
-  done.get();
+  drain_or_fail(engine);
   EXPECT_EQ(out.by_id[a].finish, FinishReason::Error);
   EXPECT_EQ(engine.stats().failed_steps, 1);
   // The group stays aborted: the next request fails at once too.
   const uint64_t b = testing::submit_ok(engine, reqs[1], out);
-  auto again = std::async(std::launch::async, [&] { testing::drain(engine); });
-  ASSERT_EQ(again.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the ranks hung";
-  again.get();
+  drain_or_fail(engine);
   EXPECT_EQ(out.by_id[b].finish, FinishReason::Error);
   EXPECT_EQ(engine.stats().failed_steps, 2);
 }
