@@ -145,10 +145,9 @@ void launch_norm(const KernelLaunch& launch, TensorView x, TensorView delta, Ten
   if (rows == 0) return;
   TETRA_CHECK(rows <= INT32_MAX, "norm: ", rows, " rows is too many for one launch");
   if (d >= 512 && d <= 8 * kMaxRowThreads) {
-    if (d <= 4 * 256) launch_rows<kLayerNorm, 4, 256>(launch, x, delta, w, b, eps, out, rows, d);
-    else if (d <= 8 * 256) launch_rows<kLayerNorm, 8, 256>(launch, x, delta, w, b, eps, out, rows, d);
-    else if (d <= 8 * 512) launch_rows<kLayerNorm, 8, 512>(launch, x, delta, w, b, eps, out, rows, d);
-    else launch_rows<kLayerNorm, 8, 1024>(launch, x, delta, w, b, eps, out, rows, d);
+    with_row_layout(d, [&]<int kPer, int kRowThreads>() {
+      launch_rows<kLayerNorm, kPer, kRowThreads>(launch, x, delta, w, b, eps, out, rows, d);
+    });
   } else if (d <= 2048) {
     constexpr int kWarps = 8;
     launch_kernel(launch, norm_kernel<kLayerNorm>, int((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, x.data, x.dtype,

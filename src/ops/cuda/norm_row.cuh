@@ -2,6 +2,8 @@
 // in a norm (peer_all_reduce.cu): both add in the same order, so they leave the same bits.
 #pragma once
 
+#include <cstdint>
+
 namespace tetra::ops::cuda {
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -22,6 +24,18 @@ __device__ __forceinline__ float block_sum(float s, float* partial) {
   for (int k = 0; k < kRowThreads / 32; ++k) total += partial[k];
   __syncthreads();  // partial is reused by the next sum
   return total;
+}
+
+// The thread layout of a wide row of d values (512 to 8,192, norm.cu's norm_row_kernel): calls
+// launch.template operator()<kPer, kRowThreads>() with kPer values a thread over kRowThreads
+// threads, at most 8 a thread. The kernels that must add a row's squares in one order (the norm,
+// the collective that ends in it) take their layout here.
+template <typename Launch>
+void with_row_layout(int64_t d, Launch&& launch) {
+  if (d <= 4 * 256) launch.template operator()<4, 256>();
+  else if (d <= 8 * 256) launch.template operator()<8, 256>();
+  else if (d <= 8 * 512) launch.template operator()<8, 512>();
+  else launch.template operator()<8, 1024>();
 }
 
 }  // namespace tetra::ops::cuda

@@ -114,7 +114,7 @@ __global__ void all_reduce_sum_kernel(PeerGroup g, T* x, int64_t n) {
   }
 }
 
-// out [size * n] = every rank's x [n] (as units of kVec words or bytes).
+// out [size * n] = every rank's x [n] (n units of 16 bytes, or of one byte).
 template <typename U>
 __global__ void all_gather_kernel(PeerGroup g, const U* x, int64_t n, U* out) {
   pdl_wait();
@@ -228,22 +228,14 @@ void launch_sum(const KernelLaunch& launch, const PeerGroup& g, T* x, int64_t n)
     launch_kernel(launch, all_reduce_sum_kernel<T, 1>, kPeerBlocks, kThreads, 0, g, x, n);
 }
 
-template <typename T, int kPer, int kRowThreads>
-void launch_norm_rows(const KernelLaunch& launch, const PeerGroup& g, TensorView delta, TensorView h,
-                      TensorView weight, float eps, TensorView out, int64_t rows, int64_t d) {
-  launch_kernel(launch, all_reduce_add_rms_norm_kernel<T, kPer, kRowThreads>, kPeerBlocks, kRowThreads, 0, g,
-                static_cast<const T*>(delta.data), static_cast<T*>(h.data), weight.data, weight.dtype, eps,
-                out.data, out.dtype, rows, d);
-}
-
 template <typename T>
 void launch_norm(const KernelLaunch& launch, const PeerGroup& g, TensorView delta, TensorView h, TensorView weight,
                  float eps, TensorView out, int64_t rows, int64_t d) {
-  // The thread layouts of norm.cu's launch_norm for rows of 512 to 8,192 values.
-  if (d <= 4 * 256) launch_norm_rows<T, 4, 256>(launch, g, delta, h, weight, eps, out, rows, d);
-  else if (d <= 8 * 256) launch_norm_rows<T, 8, 256>(launch, g, delta, h, weight, eps, out, rows, d);
-  else if (d <= 8 * 512) launch_norm_rows<T, 8, 512>(launch, g, delta, h, weight, eps, out, rows, d);
-  else launch_norm_rows<T, 8, 1024>(launch, g, delta, h, weight, eps, out, rows, d);
+  with_row_layout(d, [&]<int kPer, int kRowThreads>() {
+    launch_kernel(launch, all_reduce_add_rms_norm_kernel<T, kPer, kRowThreads>, kPeerBlocks, kRowThreads, 0, g,
+                  static_cast<const T*>(delta.data), static_cast<T*>(h.data), weight.data, weight.dtype, eps,
+                  out.data, out.dtype, rows, d);
+  });
 }
 
 }  // namespace
@@ -257,14 +249,11 @@ void load_peer_kernels() {
   load(all_reduce_sum_kernel<__nv_bfloat16, 1>);
   load(all_gather_kernel<uint4>);
   load(all_gather_kernel<uint8_t>);
-  load(all_reduce_add_rms_norm_kernel<float, 4, 256>);
-  load(all_reduce_add_rms_norm_kernel<float, 8, 256>);
-  load(all_reduce_add_rms_norm_kernel<float, 8, 512>);
-  load(all_reduce_add_rms_norm_kernel<float, 8, 1024>);
-  load(all_reduce_add_rms_norm_kernel<__nv_bfloat16, 4, 256>);
-  load(all_reduce_add_rms_norm_kernel<__nv_bfloat16, 8, 256>);
-  load(all_reduce_add_rms_norm_kernel<__nv_bfloat16, 8, 512>);
-  load(all_reduce_add_rms_norm_kernel<__nv_bfloat16, 8, 1024>);
+  for (int64_t d : {4 * 256, 8 * 256, 8 * 512, 8 * 1024})  // each row layout once
+    with_row_layout(d, [&]<int kPer, int kRowThreads>() {
+      load(all_reduce_add_rms_norm_kernel<float, kPer, kRowThreads>);
+      load(all_reduce_add_rms_norm_kernel<__nv_bfloat16, kPer, kRowThreads>);
+    });
 }
 
 void peer_all_reduce_sum(const KernelLaunch& launch, const PeerGroup& g, TensorView x) {
