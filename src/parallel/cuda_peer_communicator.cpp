@@ -17,10 +17,6 @@
 namespace tetra::parallel {
 namespace {
 
-// A staging half holds a decode step's hidden states many times over (256 rows of 7,168 BF16
-// values are 3.5 MiB); prompt steps' larger messages go to `large`.
-constexpr int64_t kStagingHalfBytes = int64_t(8) << 20;
-
 // The group's memory: each rank's flags and staging on its own device, and the abort word every
 // device reads (host memory mapped into all of them).
 struct Shared {
@@ -65,7 +61,7 @@ class CudaPeerCommunicator : public ops::Communicator {
       group_.flags[r] = s_->flags[size_t(r)];
       group_.staging[r] = s_->staging[size_t(r)];
     }
-    group_.half_bytes = kStagingHalfBytes;
+    group_.half_bytes = kPeerMessageBytes;
     group_.abort = s_->abort_on_device;
   }
 
@@ -74,12 +70,12 @@ class CudaPeerCommunicator : public ops::Communicator {
 
   void all_reduce_sum(const ops::Context& ctx, TensorView x) override {
     enter();
-    if (large_ && x.nbytes() > kStagingHalfBytes) return large_->all_reduce_sum(ctx, x);
+    if (large_ && x.nbytes() > kPeerMessageBytes) return large_->all_reduce_sum(ctx, x);
     TETRA_CHECK(x.dtype == DType::F32 || x.dtype == DType::BF16, "all_reduce_sum: ", dtype_name(x.dtype),
                 " tensors are not summed (F32 or BF16)");
     // Pieces of a staging half each, whole 16-byte vectors.
     const int64_t elem = dtype_bits(x.dtype) / 8, n = x.numel();
-    const int64_t piece = kStagingHalfBytes / elem / 8 * 8;
+    const int64_t piece = kPeerMessageBytes / elem / 8 * 8;
     for (int64_t at = 0; at < n; at += piece) {
       const TensorView part{static_cast<char*>(x.data) + at * elem, x.dtype, {std::min(piece, n - at)}, x.device};
       launch(ctx, [&] { ops::cuda::peer_all_reduce_sum(ops::cuda::kernel_launch(ctx), group_, part); });
@@ -88,7 +84,7 @@ class CudaPeerCommunicator : public ops::Communicator {
 
   void all_gather(const ops::Context& ctx, TensorView x, TensorView out) override {
     enter();
-    if (large_ && x.nbytes() > kStagingHalfBytes) return large_->all_gather(ctx, x, out);
+    if (large_ && x.nbytes() > kPeerMessageBytes) return large_->all_gather(ctx, x, out);
     launch(ctx, [&] { ops::cuda::peer_all_gather(ops::cuda::kernel_launch(ctx), group_, x, out); });
   }
 
@@ -175,7 +171,7 @@ std::vector<std::unique_ptr<ops::Communicator>> make_cuda_peer_communicators(
       TETRA_CUDA_CHECK(cudaSetDevice(devices[size_t(r)]));
       TETRA_CUDA_CHECK(cudaMalloc(&shared->flags[size_t(r)], sizeof(ops::cuda::PeerFlags)));
       TETRA_CUDA_CHECK(cudaMemset(shared->flags[size_t(r)], 0, sizeof(ops::cuda::PeerFlags)));
-      TETRA_CUDA_CHECK(cudaMalloc(&shared->staging[size_t(r)], size_t(2 * kStagingHalfBytes)));
+      TETRA_CUDA_CHECK(cudaMalloc(&shared->staging[size_t(r)], size_t(2 * kPeerMessageBytes)));
       ops::cuda::load_peer_kernels();
       TETRA_CUDA_CHECK(cudaDeviceSynchronize());  // the flags are zero before any rank's first launch
     }

@@ -14,12 +14,18 @@
 // distinct GPUs never do.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "ops/communicator.h"
 
 namespace tetra::parallel {
+
+// The largest message a rank sends through peer memory in one launch: a staging half. It holds a
+// decode step's hidden states many times over (256 rows of 7,168 BF16 values are 3.5 MiB);
+// larger messages go to `large` where there is one.
+constexpr int64_t kPeerMessageBytes = int64_t(8) << 20;
 
 // One communicator per rank, all joined: rank i runs on CUDA device devices[i] (1 to 8 ranks).
 // `large` is empty or one communicator a rank over the same devices. Throws where two of the

@@ -113,7 +113,7 @@ std::vector<std::unique_ptr<ops::Communicator>> make_communicators(const std::ve
     std::string why_not, nccl;
     if (parallel::nccl_loads(&why_not, &nccl)) {
       large = parallel::make_nccl_communicators(devices);
-      which = str_cat("peer memory (messages up to 8 MiB) and ", nccl);
+      which = str_cat("peer memory (messages up to ", parallel::kPeerMessageBytes >> 20, " MiB) and ", nccl);
     } else {
       log_warn(why_not, "; every collective goes through peer memory, which is slower for large ones");
     }
