@@ -122,8 +122,8 @@ int run_collective_bench(const CollectiveBenchOptions& opt) {
       if (t <= ops::cuda::kPeerBlocks) methods.insert(methods.begin(), Method::Fused);
       if (ranks[0].nccl) methods.insert(methods.end() - 1, Method::NcclThenNorm);
       std::vector<Tensors> tensors(static_cast<size_t>(opt.ranks));
-      // graphs[m][r]: method m's graph on rank r.
-      std::vector<std::vector<std::unique_ptr<Graph>>> graphs(methods.size());
+      // graphs[m][r]: method m's graph on rank r (one, as time_graphs takes them).
+      std::vector<std::vector<std::vector<std::unique_ptr<Graph>>>> graphs(methods.size());
       for (auto& g : graphs) g.resize(static_cast<size_t>(opt.ranks));
       threads.run([&](int r) {
         Rank& k = ranks[size_t(r)];
@@ -143,9 +143,9 @@ int run_collective_bench(const CollectiveBenchOptions& opt) {
         const Tensors& x = tensors[size_t(r)];
         const auto stream = static_cast<cudaStream_t>(k.ctx.stream);
         for (size_t m = 0; m < methods.size(); ++m)
-          graphs[m][size_t(r)] = capture(stream, [&] {
+          graphs[m][size_t(r)].push_back(capture(stream, [&] {
             for (int i = 0; i < opt.reps; ++i) enqueue(methods[m], k, x);
-          });
+          }));
       });
       for (size_t m = 0; m < methods.size(); ++m) {
         // Every rank replays its graph as often; rank 0's replays are timed.
@@ -153,12 +153,10 @@ int run_collective_bench(const CollectiveBenchOptions& opt) {
         threads.run([&](int r) {
           const auto stream = static_cast<cudaStream_t>(ranks[size_t(r)].ctx.stream);
           if (r == 0) {
-            std::vector<std::unique_ptr<Graph>> mine;
-            mine.push_back(std::move(graphs[m][0]));
-            st = time_graphs(stream, mine, opt.iters);
-            graphs[m][0] = std::move(mine[0]);
+            st = time_graphs(stream, graphs[m][0], opt.iters);
           } else {
-            for (int i = 0; i < opt.iters + 2; ++i) TETRA_CUDA_CHECK(cudaGraphLaunch(graphs[m][size_t(r)]->exec, stream));
+            for (int i = 0; i < opt.iters + 2; ++i)
+              TETRA_CUDA_CHECK(cudaGraphLaunch(graphs[m][size_t(r)].front()->exec, stream));
             TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
           }
         });

@@ -65,6 +65,10 @@ std::unique_ptr<Graph> capture(cudaStream_t stream, F&& enqueue) {
   auto out = std::make_unique<Graph>();
   TETRA_CUDA_CHECK(cudaGraphInstantiate(&out->exec, g, 0));
   TETRA_CUDA_CHECK(cudaGraphDestroy(g));
+  // Uploaded now, not by its first launch, as the backend's graphs are (ops/cuda/cuda_backend.cpp):
+  // `bench collective` launches ranks' graphs that wait for each other.
+  TETRA_CUDA_CHECK(cudaGraphUpload(out->exec, stream));
+  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
   return out;
 }
 
