@@ -2,12 +2,14 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <mutex>
 #include <string>
 
 #include "core/error.h"
 #include "ops/ops.h"
 #include "parallel/nccl_library.h"
+#include "parallel/node_group.h"
 
 namespace tetra::parallel {
 namespace {
@@ -101,6 +103,36 @@ std::vector<std::unique_ptr<ops::Communicator>> make_nccl_communicators(const st
   check(nccl_library().comm_init_all(comms.data(), n, devices.data()), "communicator setup (ncclCommInitAll)");
   std::vector<std::unique_ptr<ops::Communicator>> out;
   for (int r = 0; r < n; ++r) out.push_back(std::make_unique<NcclCommunicator>(comms[size_t(r)], r, n, devices[size_t(r)]));
+  return out;
+}
+
+std::vector<std::unique_ptr<ops::Communicator>> make_nccl_communicators(const std::vector<int>& devices,
+                                                                        NodeGroup& nodes, int first_rank, int world) {
+  const int n = int(devices.size());
+  TETRA_CHECK(n >= 1 && first_rank >= 0 && first_rank + n <= world, "NCCL ranks ", first_rank, " .. ",
+              first_rank + n - 1, " are not ranks of ", world);
+  const NcclLibrary& lib = nccl_library();  // on every node before the id travels
+  ncclUniqueId id{};
+  std::string mine;
+  if (nodes.node_rank() == 0) {
+    check(lib.get_unique_id(&id), "id (ncclGetUniqueId)");
+    mine.assign(reinterpret_cast<const char*>(&id), sizeof id);
+  }
+  const std::string theirs = nodes.all_gather(mine).front();
+  TETRA_CHECK(theirs.size() == sizeof id, "node 0 sent an NCCL id of ", theirs.size(), " bytes, not ", sizeof id,
+              " (is every node's NCCL the same version?)");
+  std::memcpy(&id, theirs.data(), sizeof id);
+  // This node's ranks join in one group call, so one thread can start them all.
+  std::vector<ncclComm_t> comms(static_cast<size_t>(n));
+  check(lib.group_start(), "group start");
+  for (int i = 0; i < n; ++i) {
+    if (cudaSetDevice(devices[size_t(i)]) != cudaSuccess) fail("cudaSetDevice(", devices[size_t(i)], ") failed");
+    check(lib.comm_init_rank(&comms[size_t(i)], world, id, first_rank + i), "communicator setup (ncclCommInitRank)");
+  }
+  check(lib.group_end(), "communicator setup across nodes (ncclGroupEnd)");
+  std::vector<std::unique_ptr<ops::Communicator>> out;
+  for (int i = 0; i < n; ++i)
+    out.push_back(std::make_unique<NcclCommunicator>(comms[size_t(i)], first_rank + i, world, devices[size_t(i)]));
   return out;
 }
 

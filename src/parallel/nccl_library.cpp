@@ -31,6 +31,10 @@ NcclLibrary load() {
   resolve(handle, lib.path, "ncclGetVersion", lib.get_version);
   resolve(handle, lib.path, "ncclGetErrorString", lib.get_error_string);
   resolve(handle, lib.path, "ncclCommInitAll", lib.comm_init_all);
+  resolve(handle, lib.path, "ncclGetUniqueId", lib.get_unique_id);
+  resolve(handle, lib.path, "ncclCommInitRank", lib.comm_init_rank);
+  resolve(handle, lib.path, "ncclGroupStart", lib.group_start);
+  resolve(handle, lib.path, "ncclGroupEnd", lib.group_end);
   resolve(handle, lib.path, "ncclCommDestroy", lib.comm_destroy);
   resolve(handle, lib.path, "ncclCommAbort", lib.comm_abort);
   resolve(handle, lib.path, "ncclAllReduce", lib.all_reduce);

@@ -13,6 +13,10 @@ struct NcclLibrary {
   decltype(&ncclGetVersion) get_version;
   decltype(&ncclGetErrorString) get_error_string;
   decltype(&ncclCommInitAll) comm_init_all;
+  decltype(&ncclGetUniqueId) get_unique_id;
+  decltype(&ncclCommInitRank) comm_init_rank;
+  decltype(&ncclGroupStart) group_start;
+  decltype(&ncclGroupEnd) group_end;
   decltype(&ncclCommDestroy) comm_destroy;
   decltype(&ncclCommAbort) comm_abort;
   decltype(&ncclAllReduce) all_reduce;
