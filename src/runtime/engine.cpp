@@ -15,6 +15,7 @@
 #include "runtime/scheduler.h"
 #include "runtime/sampler.h"
 #include "runtime/step_builder.h"
+#include "runtime/step_order.h"
 
 namespace tetra::runtime {
 
@@ -104,7 +105,7 @@ struct Engine::Impl {
     const int64_t block_bytes = kv_bytes_per_block(model.kv_layout(), config.block_size, backend.kv_dtype());
     log_info("KV cache: ", n_blocks, " blocks of ", config.block_size, " tokens (",
              std::round(double(n_blocks * block_bytes) / (1 << 20) * 10) / 10, " MiB, ",
-             dtype_name(backend.kv_dtype()), ranks.size() > 1 ? str_cat(", each of ", ranks.size(), " ranks") : "",
+             dtype_name(backend.kv_dtype()), ranks.world() > 1 ? str_cat(", each of ", ranks.world(), " ranks") : "",
              "), context ", config.max_context, ", prefix caching ",
              config.enable_prefix_caching ? "on" : "off", "; step arena ",
              std::round(double(arena.capacity_bytes()) / (1 << 20) * 10) / 10, " MiB");
@@ -128,6 +129,9 @@ struct Engine::Impl {
   // ---- engine thread ----
   bool take_inbox();
   void run_chunks(const std::vector<ScheduledChunk>& chunks);
+  // One rank's part of a step, on its thread: a decode graph's replay or a forward.
+  void run_rank(int r, const std::vector<SeqChunk>& chunks, TensorView logits, bool from_graph, int fail_rank);
+  void follow();  // Engine::follow
   void post_process(const ScheduledChunk& c, const ops::SampledToken* sampled);
   void finish(Request* r, FinishReason reason, const std::string& error = {});
 
@@ -218,6 +222,7 @@ void Engine::Impl::measure_step(int64_t n_seqs, int64_t n_tokens, bool long_cont
   rank_steps.forward(chunks, scratch, logits, [&](model::StepInputs& in) {
     if (long_context) in.attn.max_seq_len = int(max_context);
   });
+  if (!ranks.holds_rank0()) return;  // the logits and the sampler are node 0's
   std::vector<SampleRequest> rows(static_cast<size_t>(n_seqs));
   for (auto& r : rows) r.params = {.temperature = 1.0f, .top_p = 0.9f, .top_k = 50}, r.top_logprobs = 20;
   sampler.sample(ctx, logits, rows);
@@ -229,6 +234,8 @@ int64_t Engine::Impl::kv_pool_blocks() const {
   // fullest GPU affords.
   int64_t n = INT64_MAX;
   for (int r = 0; r < ranks.size(); ++r) n = std::min(n, kv_blocks_affordable(ranks.model(r), ranks.backend(r)));
+  if (parallel::NodeGroup* nodes = ranks.nodes())
+    for (const std::string& other : nodes->all_gather(std::to_string(n))) n = std::min(n, int64_t(std::stoll(other)));
   return n;
 }
 
@@ -282,7 +289,8 @@ void Engine::Impl::capture_decode_graphs() {
   ranks.run([&](int r) {
     graphs[size_t(r)] = std::make_unique<DecodeGraphs>(
         ranks.model(r), ranks.backend(r), rank_steps.arena(r), rank_steps.context(r), rank_steps.builder(r),
-        cache.layers(r), r == 0 ? logits_buf->view() : TensorView{}, sizes, config.testing_eager_decode_graphs);
+        cache.layers(r), ranks.global_rank(r) == 0 ? logits_buf->view() : TensorView{}, sizes,
+        config.testing_eager_decode_graphs);
   });
   if (!graphs.front()->active()) {
     graphs.clear();
@@ -444,14 +452,11 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
     const bool inject = config.testing_fail_step == steps + failed_steps;
     if (inject && config.testing_fail_rank < 0)
       fail("injected fault at step ", config.testing_fail_step, " (TETRA_TESTING_FAIL_STEP)");
-    if (from_graph)
-      ranks.run([&](int r) {
-        if (inject && r == config.testing_fail_rank)
-          fail("injected fault on rank ", r, " (TETRA_TESTING_FAIL_RANK)");
-        graphs[size_t(r)]->run(seq_chunks);
-      });
-    else
-      rank_steps.forward(seq_chunks, cache, logits, {}, inject ? config.testing_fail_rank : -1);
+    const int fail_rank = inject ? config.testing_fail_rank : -1;
+    const int64_t rows = int64_t(sample_rows.size());
+    const std::string order =
+        ranks.nodes() ? encode_step_order(seq_chunks, rows, from_graph, fail_rank) : std::string();
+    ranks.run_step(order, [&](int r) { run_rank(r, seq_chunks, logits, from_graph, fail_rank); });
     sampled = sampler.sample(ctx, logits, sample_rows);
   } catch (const std::exception& e) {
     // The batch's requests cannot continue; the others keep their state and run next step.
@@ -465,6 +470,43 @@ void Engine::Impl::run_chunks(const std::vector<ScheduledChunk>& chunks) {
   graph_steps += from_graph;
   size_t row = 0;
   for (const auto& c : chunks) post_process(c, c.want_logits ? &sampled[row++] : nullptr);
+}
+
+void Engine::Impl::run_rank(int r, const std::vector<SeqChunk>& chunks, TensorView logits, bool from_graph,
+                            int fail_rank) {
+  if (ranks.global_rank(r) == fail_rank)
+    fail("injected fault on rank ", fail_rank, " (TETRA_TESTING_FAIL_RANK)");
+  if (from_graph)
+    graphs[size_t(r)]->run(chunks);
+  else
+    rank_steps.forward_rank(r, chunks, cache, logits);
+}
+
+void Engine::Impl::follow() {
+  parallel::NodeGroup* nodes = ranks.nodes();
+  TETRA_CHECK(nodes && nodes->node_rank() != 0, "only the nodes other than node 0 follow its steps");
+  for (;;) {
+    const std::optional<std::string> order = nodes->next_order();
+    if (!order) {
+      const std::string why = nodes->failure();
+      TETRA_CHECK(why.empty(), "node 0 stopped the nodes after a failure (", why, ")");
+      return;
+    }
+    std::string error;
+    try {
+      const StepOrder o = decode_step_order(*order);
+      const std::vector<SeqChunk> chunks = o.seq_chunks();
+      TETRA_CHECK(!o.from_graph || (!graphs.empty() && graphs.front()->covers(int64_t(chunks.size()))),
+                  "node 0 sent a decode graph step of ", chunks.size(), " sequences, which this node did not capture");
+      ranks.run([&](int r) { run_rank(r, chunks, TensorView{}, o.from_graph, o.fail_rank); });
+      ++steps;
+    } catch (const std::exception& e) {
+      error = *e.what() ? e.what() : "a step failed";
+      ++failed_steps;
+      log_warn("step failed: ", error);
+    }
+    nodes->answer(error);
+  }
 }
 
 void Engine::Impl::post_process(const ScheduledChunk& c, const ops::SampledToken* s) {
@@ -560,8 +602,11 @@ EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   EngineStats s = impl_->snapshot;
   s.waiting += int64_t(impl_->inbox.size());
+  s.ranks_failure = impl_->ranks.failure();  // a node lost between steps shows at once
   return s;
 }
+
+void Engine::follow() { impl_->follow(); }
 
 bool Engine::step() {
   Impl& s = *impl_;

@@ -122,6 +122,7 @@ struct EngineStats {
   int64_t failed_steps = 0;  // forwards that threw (a device fault): their requests got Error
   double device_wait_s = 0;  // seconds the engine thread waited for the device to finish steps
   int64_t step_arena_bytes = 0;  // rank 0's step arena, sized by the measuring pass
+  std::string ranks_failure;      // why the ranks' group ended (a rank failed, a node lost); empty while it stands
 };
 
 class Engine {
@@ -150,6 +151,9 @@ class Engine {
   // exception is a bug and leaves run() to the caller.
   void run();
   bool step();  // false when there was nothing to do
+  // The nodes other than node 0 (--nnodes): runs the steps node 0 sends on this node's ranks
+  // until node 0 says stop. Throws once node 0 is lost, or when it stopped after a failure.
+  void follow();
   // Thread-safe. stop_accepting() makes submit() refuse (ShuttingDown); stop() ends run()
   // after the current step and refuses further submissions too.
   void stop_accepting();

@@ -6,6 +6,7 @@
 
 #include "core/log.h"
 #include "parallel/cpu_communicator.h"
+#include "parallel/tcp_communicator.h"
 #ifdef TETRA_HAVE_CUDA_COMMUNICATOR
 #include "parallel/cuda_devices.h"
 #include "parallel/cuda_peer_communicator.h"
@@ -21,40 +22,79 @@ ModelRanks::ModelRanks(model::Model& model, ops::Backend& backend)
 
 ModelRanks::ModelRanks(std::vector<std::unique_ptr<ops::Backend>> backends,
                        std::vector<std::unique_ptr<model::Model>> models,
-                       std::vector<std::unique_ptr<ops::Communicator>> comms)
-    : own_backends_(std::move(backends)), own_models_(std::move(models)), comms_(std::move(comms)) {
+                       std::vector<std::unique_ptr<ops::Communicator>> comms,
+                       std::unique_ptr<parallel::NodeGroup> nodes, int first_rank)
+    : nodes_(std::move(nodes)), first_rank_(first_rank), own_backends_(std::move(backends)),
+      own_models_(std::move(models)), comms_(std::move(comms)) {
   TETRA_CHECK(!own_models_.empty() && own_models_.size() == own_backends_.size() &&
-                  (comms_.empty() ? own_models_.size() == 1 : comms_.size() == own_models_.size()),
+                  (comms_.empty() ? own_models_.size() == 1 && !nodes_ : comms_.size() == own_models_.size()),
               "model ranks need a backend, a model and (with more than one) a communicator each");
   for (auto& b : own_backends_) backends_.push_back(b.get());
   for (auto& m : own_models_) models_.push_back(m.get());
+  TETRA_CHECK(nodes_ ? first_rank_ == nodes_->node_rank() * size() : first_rank_ == 0,
+              "a node's ranks start at its node rank times the ranks a node");
   if (size() > 1)
-    threads_ = std::make_unique<parallel::RankThreads>(size(), [this](const std::string& reason) {
-      {
-        std::lock_guard<std::mutex> lock(failure_mu_);
-        if (failure_.empty()) failure_ = reason;
-      }
-      for (auto& c : comms_) c->abort(reason);
-    });
+    threads_ = std::make_unique<parallel::RankThreads>(size(), [this](const std::string& reason) { abort(reason); });
+  if (nodes_) nodes_->on_abort([this](const std::string& reason) { abort(reason); });
 }
 
 ModelRanks::~ModelRanks() {
   threads_.reset();  // before the models the threads' last job may have touched
 }
 
+void ModelRanks::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    if (!failure_.empty()) return;
+    failure_ = reason.empty() ? "a rank failed" : reason;
+  }
+  if (nodes_) nodes_->abort(reason);  // first: the other nodes hear the cause before their collectives break
+  for (auto& c : comms_) c->abort(reason);
+}
+
+std::string ModelRanks::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
+}
+
 void ModelRanks::run(const std::function<void(int)>& fn) {
-  if (!threads_) {
+  if (!threads_ && !nodes_) {
     backends_[0]->make_current();
     return fn(0);
   }
-  {
-    std::lock_guard<std::mutex> lock(failure_mu_);
-    if (!failure_.empty()) fail("the ranks stopped after a failure (", failure_, ")");
+  if (const std::string why = failure(); !why.empty()) fail("the ranks stopped after a failure (", why, ")");
+  if (!threads_) {
+    // This node's one rank of several nodes: its failure ends the others' collectives too.
+    backends_[0]->make_current();
+    try {
+      fn(0);
+    } catch (const std::exception& e) {
+      abort(e.what());
+      throw;
+    }
+    return;
   }
   threads_->run([&](int r) {
     backends_[size_t(r)]->make_current();
     fn(r);
   });
+}
+
+void ModelRanks::run_step(std::string_view order, const std::function<void(int)>& fn) {
+  if (!nodes_ || nodes_->node_rank() != 0) return run(fn);
+  nodes_->send_order(order);
+  std::exception_ptr first;
+  try {
+    run(fn);
+  } catch (...) {
+    first = std::current_exception();
+  }
+  try {
+    nodes_->wait_answers();  // even after a local failure: the answers stay in step
+  } catch (...) {
+    if (!first) first = std::current_exception();
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 void ModelRanks::each_in_turn(const std::function<void(int)>& fn) const {
@@ -67,9 +107,10 @@ void ModelRanks::each_in_turn(const std::function<void(int)>& fn) const {
 
 std::vector<ops::BackendOptions> rank_backend_options(const ops::BackendOptions& backend,
                                                       const parallel::Parallelism& p,
-                                                      const std::vector<int>& cuda_devices) {
+                                                      const std::vector<int>& cuda_devices, int nnodes) {
   parallel::check_parallelism(p);
-  const int n = p.world();
+  TETRA_CHECK(nnodes >= 1 && p.world() % nnodes == 0, "--nnodes ", nnodes, " must divide the ", p.world(), " ranks");
+  const int n = p.world() / nnodes;
   if (n == 1) return {backend};
   std::vector<ops::BackendOptions> each(size_t(n), backend);
   const bool cuda = backend.device == "cuda" || (backend.device == "auto" && ops::cuda_device_available());
@@ -84,8 +125,8 @@ std::vector<ops::BackendOptions> rank_backend_options(const ops::BackendOptions&
   if (devices.empty()) {
     const int available = ops::cuda_device_count();
     TETRA_CHECK(backend.device_index >= 0 && backend.device_index + n <= available, "--tp ", p.tp, " --ep ", p.ep,
-                " runs ", n, " ranks, one a GPU from cuda:", backend.device_index, " on; this machine has ", available,
-                " CUDA device", available == 1 ? "" : "s");
+                nnodes > 1 ? str_cat(" over ", nnodes, " nodes") : "", " runs ", n, " ranks here, one a GPU from cuda:",
+                backend.device_index, " on; this machine has ", available, " CUDA device", available == 1 ? "" : "s");
     for (int r = 0; r < n; ++r) devices.push_back(backend.device_index + r);
   }
   TETRA_CHECK(int(devices.size()) == n, n, " CUDA ranks need as many devices, not ", devices.size());
@@ -97,6 +138,27 @@ std::vector<ops::BackendOptions> rank_backend_options(const ops::BackendOptions&
 }
 
 namespace {
+
+// This node's ranks of several nodes: NCCL for GPUs (the peer communicator joins one host's
+// GPUs only), TCP for CPU ranks.
+std::vector<std::unique_ptr<ops::Communicator>> make_node_communicators(const std::vector<ops::BackendOptions>& each,
+                                                                        parallel::NodeGroup& nodes, int first_rank) {
+  const int n = int(each.size()), world = n * nodes.nnodes();
+  if (each.front().device != "cuda") {
+    log_info("ranks ", first_rank, " .. ", first_rank + n - 1, " of ", world, " joined over TCP");
+    return parallel::make_tcp_communicators(nodes, first_rank, n, world);
+  }
+#ifdef TETRA_HAVE_NCCL
+  std::vector<int> devices;
+  for (const auto& o : each) devices.push_back(o.device_index);
+  std::string why_not, nccl;
+  TETRA_CHECK(parallel::nccl_loads(&why_not, &nccl), "--nnodes on CUDA needs NCCL: ", why_not);
+  log_info("ranks ", first_rank, " .. ", first_rank + n - 1, " of ", world, " joined by ", nccl);
+  return parallel::make_nccl_communicators(devices, nodes, first_rank, world);
+#else
+  fail("--nnodes on CUDA: this build has no NCCL (nccl.h was not found when it was built)");
+#endif
+}
 
 std::vector<std::unique_ptr<ops::Communicator>> make_communicators(const std::vector<ops::BackendOptions>& each) {
   const int n = int(each.size());
@@ -137,19 +199,22 @@ std::vector<std::unique_ptr<ops::Communicator>> make_communicators(const std::ve
 
 std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const ops::BackendOptions& backend,
                                        const parallel::Parallelism& p, const model::LoadOptions& options,
-                                       std::unique_ptr<ops::Backend> rank0, const std::vector<int>& cuda_devices) {
-  const std::vector<ops::BackendOptions> each = rank_backend_options(backend, p, cuda_devices);
-  const int n = p.world();
+                                       std::unique_ptr<ops::Backend> rank0, const std::vector<int>& cuda_devices,
+                                       std::unique_ptr<parallel::NodeGroup> nodes) {
+  const int nnodes = nodes ? nodes->nnodes() : 1;
+  const std::vector<ops::BackendOptions> each = rank_backend_options(backend, p, cuda_devices, nnodes);
+  const int n = p.world() / nnodes;
+  const int first = nodes ? nodes->node_rank() * n : 0;
   std::vector<std::unique_ptr<ops::Backend>> backends;
   std::vector<std::unique_ptr<model::Model>> models(static_cast<size_t>(n));
   std::vector<std::unique_ptr<ops::Communicator>> comms;
   backends.push_back(rank0 ? std::move(rank0) : ops::make_backend(each[0]));
-  if (n == 1) {
+  if (n == 1 && !nodes) {
     models[0] = model::load_model(dir, *backends[0], options);
     return std::make_unique<ModelRanks>(std::move(backends), std::move(models), std::move(comms));
   }
   for (int r = 1; r < n; ++r) backends.push_back(ops::make_backend(each[size_t(r)]));
-  comms = make_communicators(each);
+  comms = nodes ? make_node_communicators(each, *nodes, first) : make_communicators(each);
   // Every rank loads its shard at once; progress is rank 0's (the others' are alike).
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> loaders;
@@ -157,7 +222,7 @@ std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const o
     loaders.emplace_back([&, r] {
       try {
         model::LoadOptions o = options;
-        o.shard = {.rank = r, .p = p};
+        o.shard = {.rank = first + r, .p = p};
         if (r > 0) o.on_progress = nullptr;
         backends[size_t(r)]->make_current();
         models[size_t(r)] = model::load_model(dir, *backends[size_t(r)], o);
@@ -169,7 +234,8 @@ std::unique_ptr<ModelRanks> load_ranks(const std::filesystem::path& dir, const o
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   backends[0]->make_current();  // the caller's thread drives rank 0
-  return std::make_unique<ModelRanks>(std::move(backends), std::move(models), std::move(comms));
+  return std::make_unique<ModelRanks>(std::move(backends), std::move(models), std::move(comms), std::move(nodes),
+                                      first);
 }
 
 RankCaches::RankCaches(const ModelRanks& ranks, int block_size, int64_t n_blocks,
@@ -199,15 +265,17 @@ void RankSteps::freeze() {
 }
 
 void RankSteps::forward(const std::vector<SeqChunk>& chunks, const RankCaches& caches, TensorView logits,
-                        const std::function<void(model::StepInputs&)>& prepare, int fail_rank) {
-  ranks_.run([&](int r) {
-    State& s = ranks_state_[size_t(r)];
-    if (r == fail_rank) fail("injected fault on rank ", r, " (TETRA_TESTING_FAIL_RANK)");
-    s.arena->reset();
-    model::StepInputs in = s.builder->build(s.ctx, chunks);
-    if (prepare) prepare(in);
-    ranks_.model(r).forward(s.ctx, in, caches.layers(r), r == 0 ? logits : TensorView{});
-  });
+                        const std::function<void(model::StepInputs&)>& prepare) {
+  ranks_.run([&](int r) { forward_rank(r, chunks, caches, logits, prepare); });
+}
+
+void RankSteps::forward_rank(int r, const std::vector<SeqChunk>& chunks, const RankCaches& caches, TensorView logits,
+                             const std::function<void(model::StepInputs&)>& prepare) {
+  State& s = ranks_state_[size_t(r)];
+  s.arena->reset();
+  model::StepInputs in = s.builder->build(s.ctx, chunks);
+  if (prepare) prepare(in);
+  ranks_.model(r).forward(s.ctx, in, caches.layers(r), ranks_.global_rank(r) == 0 ? logits : TensorView{});
 }
 
 }  // namespace tetra::runtime
