@@ -107,6 +107,43 @@ void raise_fd_limit() {
   }
 }
 
+// With several nodes: this one joins the others (node 0 waits for them all).
+std::unique_ptr<parallel::NodeGroup> join_nodes(const parallel::NodeOptions& o, const parallel::Fingerprint& f) {
+  if (o.nnodes == 1) return nullptr;
+  std::fprintf(stderr, "tetra serve: node %d of %d, %s %s\n", o.node_rank, o.nnodes,
+               o.node_rank == 0 ? "waiting for the others at" : "joining node 0 at", o.dist_init_addr.c_str());
+  auto nodes = parallel::NodeGroup::join(o, f);
+  std::fprintf(stderr, "tetra serve: all %d nodes joined\n", o.nnodes);
+  return nodes;
+}
+
+// A node other than node 0: no HTTP; it loads its ranks, starts as node 0 does, then runs the
+// steps node 0 sends until node 0 stops (0) or is lost (1).
+int serve_other_node(const std::filesystem::path& dir, const parallel::NodeOptions& o,
+                     const parallel::Fingerprint& fingerprint, const ops::BackendOptions& backend_opts,
+                     std::unique_ptr<ops::Backend> backend, const parallel::Parallelism& par, const DeviceFlags& dev,
+                     const std::string& hf_overrides, const runtime::EngineConfig& engine_config) {
+  std::unique_ptr<parallel::NodeGroup> nodes = join_nodes(o, fingerprint);
+  Progress progress("loading " + dir.filename().string());
+  model::LoadOptions load_options;
+  load_options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
+  load_options.dummy = dev.load_format == "dummy";
+  load_options.hf_overrides = hf_overrides;
+  auto ranks = runtime::load_ranks(dir, backend_opts, par, load_options, std::move(backend), {}, std::move(nodes));
+  progress.finish(ranks->model().load_stats().tensors, ranks->model().load_stats().bytes);
+  runtime::Engine engine(*ranks, engine_config);
+  std::fprintf(stderr, "tetra serve: node %d ready: ranks %d .. %d of %d, following node 0's steps\n", o.node_rank,
+               ranks->first_rank(), ranks->first_rank() + ranks->size() - 1, ranks->world());
+  try {
+    engine.follow();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tetra serve: node %d stops: %s\n", o.node_rank, e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "tetra serve: node 0 stopped; node %d stopped\n", o.node_rank);
+  return 0;
+}
+
 }  // namespace
 
 int cmd_serve(int argc, char** argv) {
@@ -121,6 +158,7 @@ int cmd_serve(int argc, char** argv) {
   DeviceFlags dev;
   int port = 30000, http_threads = 2;
   parallel::Parallelism par;
+  parallel::NodeOptions node_opts;
   runtime::EngineConfig engine_config;
   double shutdown_timeout = 30, read_timeout = 30;
   int64_t context_length = 0;
@@ -178,6 +216,7 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--log-level", log_level, "debug, info, warning or error (warning: no access or throughput lines)")
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
   add_parallel_flags(app, par);
+  add_node_flags(app, node_opts);
   app.add_option("--http-threads", http_threads, "HTTP I/O threads")->check(CLI::Range(1, 256));
   app.add_option("--shutdown-timeout", shutdown_timeout,
                  "seconds SIGTERM lets running requests finish (0: abort them at once)")->check(CLI::Range(0.0, 86400.0));
@@ -200,6 +239,7 @@ int cmd_serve(int argc, char** argv) {
     return app.exit(e);
   }
   check_parallel_flags(par);
+  parallel::check_node_options(node_opts, par.world());
   const std::filesystem::path dir(model_dir);
   TETRA_CHECK(std::filesystem::is_directory(dir), "model folder ", dir.string(), " does not exist");
   TETRA_CHECK(tok::has_tokenizer(dir), "tetra serve needs ", (dir / "tokenizer.json").string(),
@@ -256,17 +296,40 @@ int cmd_serve(int argc, char** argv) {
 
   // The device answers (or the command ends with one sentence) before the server listens.
   const ops::BackendOptions backend_opts = backend_options(dev);
-  auto backend = ops::make_backend(runtime::rank_backend_options(backend_opts, par)[0]);  // rank 0's
+  // This node's first rank's.
+  auto backend = ops::make_backend(runtime::rank_backend_options(backend_opts, par, {}, node_opts.nnodes)[0]);
   if (chunked_prefill->count() == 0) engine_config.chunked_prefill_size = runtime::default_chunked_prefill_size(*backend);
   std::fprintf(stderr, "tetra serve: backend %s%s; prompts in chunks of %lld tokens a step\n", backend->name().c_str(),
-               par.world() > 1 ? str_cat(", ", par.world(), " ranks (--tp ", par.tp, " --ep ", par.ep, ")").c_str() : "",
+               par.world() > 1 ? str_cat(", ", par.world(), " ranks (--tp ", par.tp, " --ep ", par.ep, ")",
+                                         node_opts.nnodes > 1 ? str_cat(" over ", node_opts.nnodes, " nodes") : "")
+                                     .c_str()
+                               : "",
                static_cast<long long>(engine_config.chunked_prefill_size));
   if (const int64_t available = host_memory_available_bytes();
       backend->memory_info().total_bytes == 0 && available > 0)
-    TETRA_CHECK(engine_config.kv_memory_bytes * par.world() <= available, "--kv-memory asks for ",
-                str_cat(gib(engine_config.kv_memory_bytes)), " GiB for the KV cache",
-                par.world() > 1 ? str_cat(" of each of ", par.world(), " ranks") : "", ", but this machine has ",
-                str_cat(gib(available)), " GiB of memory available");
+    TETRA_CHECK(engine_config.kv_memory_bytes * (par.world() / node_opts.nnodes) <= available,
+                "--kv-memory asks for ", str_cat(gib(engine_config.kv_memory_bytes)), " GiB for the KV cache",
+                par.world() > 1 ? str_cat(" of each of ", par.world() / node_opts.nnodes, " ranks") : "",
+                ", but this machine has ", str_cat(gib(available)), " GiB of memory available");
+  // Every node must start the same way: what must agree, for the nodes' join to check.
+  const parallel::Fingerprint fingerprint = {
+      {"tetra", version_string()},
+      {"the model", describe_architecture(file_config)},
+      {"--tp", std::to_string(par.tp)},
+      {"--ep", std::to_string(par.ep)},
+      {"--device", backend->device() == Device::Cuda ? "cuda" : "cpu"},
+      {"--load-format", dev.load_format},
+      {"--hf-overrides", hf_overrides},
+      {"--kv-cache-dtype", dev.kv_cache_dtype},
+      {"--kv-memory", std::to_string(engine_config.kv_memory_bytes)},
+      {"--chunked-prefill-size", std::to_string(engine_config.chunked_prefill_size)},
+      {"--max-running-requests", std::to_string(engine_config.max_running_requests)},
+      {"--context-length", std::to_string(engine_config.max_context)},
+      {"--cuda-graph-max-bs", std::to_string(engine_config.cuda_graph_max_bs)},
+      {"--disable-cuda-graph", engine_config.disable_cuda_graph ? "on" : "off"},
+  };
+  if (node_opts.node_rank > 0) return serve_other_node(dir, node_opts, fingerprint, backend_opts, std::move(backend),
+                                                       par, dev, hf_overrides, engine_config);
 
   server::Server srv(server::ServerOptions{.host = host,
                                            .port = port,
@@ -282,12 +345,13 @@ int cmd_serve(int argc, char** argv) {
   std::fprintf(stderr, "tetra serve: listening on http://%s:%d, loading %s\n", host.c_str(), srv.port(),
                dir.string().c_str());
 
+  std::unique_ptr<parallel::NodeGroup> nodes = join_nodes(node_opts, fingerprint);
   Progress progress("loading " + dir.filename().string());
   model::LoadOptions load_options;
   load_options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
   load_options.dummy = dev.load_format == "dummy";
   load_options.hf_overrides = hf_overrides;
-  auto ranks = runtime::load_ranks(dir, backend_opts, par, load_options, std::move(backend));
+  auto ranks = runtime::load_ranks(dir, backend_opts, par, load_options, std::move(backend), {}, std::move(nodes));
   progress.finish(ranks->model().load_stats().tensors, ranks->model().load_stats().bytes);
   const ModelConfig& mc = ranks->model().config();
   std::fprintf(stderr, "tetra serve: %s\n", describe_architecture(mc).c_str());

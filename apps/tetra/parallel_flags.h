@@ -2,6 +2,7 @@
 // bench decode).
 #pragma once
 
+#include "parallel/node_group.h"
 #include "parallel/sharding.h"
 
 namespace CLI {
@@ -13,5 +14,9 @@ namespace tetra::cli {
 void add_parallel_flags(CLI::App& app, parallel::Parallelism& p);
 // Throws one sentence for a pair tetra does not run (checked before anything loads).
 void check_parallel_flags(const parallel::Parallelism& p);
+
+// --nnodes, --node-rank, --dist-init-addr, --dist-timeout: one server over several hosts
+// (serve; parallel/node_group.h).
+void add_node_flags(CLI::App& app, parallel::NodeOptions& o);
 
 }  // namespace tetra::cli

@@ -36,8 +36,10 @@ HttpResponse health(const ServerState& state) {
     case Phase::Ready:
       // A forward that threw (a device fault) leaves the engine suspect: report it so a
       // supervisor can restart the process.
-      if (state.context.engine->stats().failed_steps > 0)
+      if (const runtime::EngineStats s = state.context.engine->stats(); s.failed_steps > 0)
         return error_response(unavailable_error("the engine failed a step; restart the server"));
+      else if (!s.ranks_failure.empty())
+        return error_response(unavailable_error("the model's ranks stopped (" + s.ranks_failure + "); restart the server"));
       return json_response(200, {{"status", "ok"}});
     case Phase::Loading: return error_response(unavailable_error("the model is loading"));
     default: return error_response(unavailable_error("the server is shutting down"));

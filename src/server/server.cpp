@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <thread>
+#include <utility>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -38,6 +39,7 @@ struct Server::Impl {
   tcp::acceptor acceptor;
   net::signal_set signals;
   net::steady_timer drain_timer, poll_timer, fault_timer, stats_timer, accept_retry;
+  bool ranks_failure_seen = false;  // watch_engine: the ranks' failure was seen one tick ago
   ThroughputSample last_sample;
   std::vector<std::thread> threads;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
@@ -120,8 +122,16 @@ struct Server::Impl {
     fault_timer.expires_after(std::chrono::milliseconds(100));
     fault_timer.async_wait([this](boost::system::error_code ec) {
       if (ec || draining) return;
-      if (state.context.engine->stats().failed_steps > 0) {
-        std::fprintf(stderr, "tetra serve: the engine failed a step; draining, then exiting with status 1\n");
+      const runtime::EngineStats stats = state.context.engine->stats();
+      // A rank's failure mid-step shows here before the step that fails with it: give that
+      // step a tick to say so.
+      const bool ranks_stopped = !stats.ranks_failure.empty() && std::exchange(ranks_failure_seen, true);
+      if (stats.failed_steps > 0 || ranks_stopped) {
+        if (stats.failed_steps > 0)
+          std::fprintf(stderr, "tetra serve: the engine failed a step; draining, then exiting with status 1\n");
+        else
+          std::fprintf(stderr, "tetra serve: the model's ranks stopped (%s); draining, then exiting with status 1\n",
+                       stats.ranks_failure.c_str());
         exit_code = 1;
         begin_drain();
         return;
