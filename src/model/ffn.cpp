@@ -90,7 +90,8 @@ void run_ffn(ops::Backend& backend, const ops::Context& ctx, const FfnLayer& ffn
   TensorView logits = arena.alloc(DType::F32, {n_tokens, n_experts});
   TensorView ids = arena.alloc(DType::I32, {n_tokens, k});
   TensorView weights = arena.alloc(DType::F32, {n_tokens, k});
-  backend.route_tokens(ctx, x, ffn.router, ffn.routing, logits, ids, weights);
+  backend.linear(ctx, x, ffn.router, logits);
+  backend.route(ctx, logits, ffn.routing, ids, weights);
   backend.moe_experts(ctx, x, ids, weights, *ffn.experts, out);
 }
 

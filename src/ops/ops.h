@@ -391,14 +391,6 @@ class Backend {
   // ids I32 [T, top_k], weights F32 [T, top_k].
   virtual void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
                      TensorView weights) = 0;
-  // The router and the route after it: logits [T, E] F32 = linear(x, router), then route().
-  // A backend may do both in one launch (CUDA: the GEMV routes in its last block for few
-  // tokens); the results are those of the two calls.
-  virtual void route_tokens(const Context& ctx, TensorView x, const LinearWeight& router, const RoutingSpec& spec,
-                            TensorView logits, TensorView ids, TensorView weights) {
-    linear(ctx, x, router, logits);
-    route(ctx, logits, spec, ids, weights);
-  }
   // out [T, H] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) (+ shared(x[t]) when the
   // experts were prepared with a shared expert), over the ids `experts` holds (first_expert).
   virtual void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights,

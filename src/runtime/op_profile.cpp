@@ -123,13 +123,6 @@ void ProfilingBackend::silu_mul(const ops::Context& c, TensorView g, TensorView 
 void ProfilingBackend::add(const ops::Context& c, TensorView a, TensorView b, TensorView out) {
   timed("add", OpClass::Elementwise, [&] { inner().add(c, a, b, out); });
 }
-void ProfilingBackend::route_tokens(const ops::Context& c, TensorView x, const ops::LinearWeight& router,
-                                    const ops::RoutingSpec& spec, TensorView logits, TensorView ids,
-                                    TensorView weights) {
-  timed(str_cat("router ", router.n_out, "x", router.n_in, " + route"), OpClass::Moe,
-        [&] { inner().route_tokens(c, x, router, spec, logits, ids, weights); });
-}
-
 void ProfilingBackend::route(const ops::Context& c, TensorView logits, const ops::RoutingSpec& spec, TensorView ids,
                              TensorView weights) {
   timed("route", OpClass::Moe, [&] { inner().route(c, logits, spec, ids, weights); });

@@ -64,8 +64,6 @@ class ProfilingBackend final : public ops::ForwardingBackend {
                     int64_t n) override;
   void silu_mul(const ops::Context& c, TensorView g, TensorView u, TensorView out) override;
   void add(const ops::Context& c, TensorView a, TensorView b, TensorView out) override;
-  void route_tokens(const ops::Context& c, TensorView x, const ops::LinearWeight& router,
-                    const ops::RoutingSpec& spec, TensorView logits, TensorView ids, TensorView weights) override;
   void route(const ops::Context& c, TensorView logits, const ops::RoutingSpec& spec, TensorView ids,
              TensorView weights) override;
   void moe_experts(const ops::Context& c, TensorView x, TensorView ids, TensorView weights,

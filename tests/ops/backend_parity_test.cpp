@@ -882,55 +882,6 @@ TEST_F(BackendParity, RouteSoftmaxAndGroupedSigmoid) {
   }
 }
 
-TEST_F(BackendParity, RouteTokensGivesTheRouterLinearAndTheRoutesBits) {
-  // route_tokens: the GEMV routes in its last block up to 8 tokens (one warp a row at n_in
-  // 2048, several at 7168); 9 tokens go to cuBLASLt and the route kernel. Logits, ids and
-  // weights must be the bits of linear() then route() on the same backend, call after call
-  // (the blocks' counter is set back each launch), and the ids those of the CPU reference.
-  struct Case { Scoring s; int t, e, k, groups, topk_groups; int64_t n_in; bool norm; float scale; };
-  for (const Case c : {Case{Scoring::Softmax, 1, 128, 8, 1, 1, 2048, true, 1.0f},
-                       Case{Scoring::Softmax, 8, 128, 8, 1, 1, 2048, true, 1.0f},
-                       Case{Scoring::Softmax, 5, 60, 4, 1, 1, 2056, false, 1.0f},
-                       Case{Scoring::Sigmoid, 1, 256, 8, 8, 4, 7168, true, 2.5f},
-                       Case{Scoring::Sigmoid, 7, 384, 8, 1, 1, 7168, true, 2.827f},
-                       Case{Scoring::Softmax, 9, 128, 8, 1, 1, 2048, true, 1.0f}}) {
-    const std::string name = "E=" + std::to_string(c.e) + " T=" + std::to_string(c.t) + " n_in=" +
-                             std::to_string(c.n_in);
-    HostLinear h = host_linear(WeightFormat::Dense, DType::BF16, c.e, c.n_in, false);
-    const auto bias = randn(c.e, 0.1f, false);
-    RoutingSpec spec{.scoring = c.s, .top_k = c.k, .norm_topk_prob = c.norm, .routed_scaling_factor = c.scale,
-                     .n_group = c.groups, .topk_group = c.topk_groups};
-    const LinearWeight w = gpu->b->upload(h.view);
-    if (c.s == Scoring::Sigmoid) spec.correction_bias = gpu->put(bias, {c.e}, DType::F32);
-    for (int call = 0; call < 3; ++call) {
-      const auto x = randn(int64_t(c.t) * c.n_in);
-      const TensorView xv = gpu->act(x, {c.t, c.n_in});
-      std::vector<float> logits[2], ids[2], weights[2];
-      for (int fused = 0; fused < 2; ++fused) {
-        const TensorView lv = gpu->out({c.t, c.e}, DType::F32);
-        const TensorView iv = gpu->out({c.t, c.k}, DType::I32), wv = gpu->out({c.t, c.k}, DType::F32);
-        if (fused) {
-          gpu->b->route_tokens(gpu->ctx, xv, w, spec, lv, iv, wv);
-        } else {
-          gpu->b->linear(gpu->ctx, xv, w, lv);
-          gpu->b->route(gpu->ctx, lv, spec, iv, wv);
-        }
-        logits[fused] = gpu->read(lv), ids[fused] = gpu->read(iv), weights[fused] = gpu->read(wv);
-      }
-      EXPECT_EQ(logits[1], logits[0]) << name << " call " << call;
-      EXPECT_EQ(ids[1], ids[0]) << name << " call " << call;
-      EXPECT_EQ(weights[1], weights[0]) << name << " call " << call;
-      // The CPU routes the same logits to the same experts.
-      RoutingSpec cpu_spec = spec;
-      if (c.s == Scoring::Sigmoid) cpu_spec.correction_bias = cpu->put(bias, {c.e}, DType::F32);
-      const TensorView ci = cpu->out({c.t, c.k}, DType::I32), cw = cpu->out({c.t, c.k}, DType::F32);
-      cpu->b->route(cpu->ctx, cpu->put(logits[1], {c.t, c.e}, DType::F32), cpu_spec, ci, cw);
-      EXPECT_EQ(cpu->read(ci), ids[1]) << name;
-      if (call == 0) report("route_tokens weights " + name, nmse(weights[1], cpu->read(cw)), 1e-10);
-    }
-  }
-}
-
 // Experts in host memory: n experts of [inter, hidden] gate/up and [hidden, inter] down.
 struct HostExperts {
   std::vector<HostLinear> mats;  // 3 per expert

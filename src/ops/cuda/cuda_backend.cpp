@@ -132,14 +132,11 @@ class CudaBackend final : public Backend {
     ctx_.props = &props_;
     ctx_.pdl = o.pdl && props_.cc_major >= 9;  // griddepcontrol is sm_90's
     gemm_ = std::make_unique<DenseGemm>();
-    route_counter_ = std::make_unique<DeviceBuffer>(DType::I32, Shape{1});
-    TETRA_CUDA_CHECK(cudaMemset(route_counter_->view().data, 0, 4));
   }
   ~CudaBackend() override {
     uploader_.reset();
     gemm_.reset();
     cudaStreamSynchronize(stream_);
-    route_counter_.reset();
     cudaStreamDestroy(stream_);
   }
 
@@ -324,17 +321,6 @@ class CudaBackend final : public Backend {
              TensorView weights) override {
     cuda::route(ctx, logits, spec, ids, weights);
   }
-  void route_tokens(const Context& ctx, TensorView x, const LinearWeight& router, const RoutingSpec& spec,
-                    TensorView logits, TensorView ids, TensorView weights) override {
-    const LinearPart part{&router, logits};
-    check_linear(x, part);
-    const int64_t tokens = router.n_in > 0 ? x.numel() / router.n_in : 0;
-    if (dense_linear_path(tokens, {&part, 1}) == DenseLinearPath::Gemv &&
-        route_in_gemv(ctx, x, router, logits, spec, ids, weights, route_counter_->view().as<int>()))
-      return;
-    linear(ctx, x, router, logits);
-    route(ctx, logits, spec, ids, weights);
-  }
   void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView weights, const MoeExperts& experts,
                    TensorView out) override;
   void gather_rows(const Context& ctx, TensorView x, TensorView rows, TensorView out) override {
@@ -384,7 +370,6 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   Context ctx_;
   std::unique_ptr<DenseGemm> gemm_;
-  std::unique_ptr<DeviceBuffer> route_counter_;  // the routing GEMV's blocks count themselves out here
   WeightArena weights_;
   std::unique_ptr<Uploader> uploader_;
   MoeTuner tuner_;

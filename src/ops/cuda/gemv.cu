@@ -5,7 +5,6 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
 #include "ops/cuda/launch.cuh"
-#include "ops/cuda/moe_route.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -55,23 +54,14 @@ int split_for(int64_t n_in) {
   return split;
 }
 
-// A router's GEMV may route its own logits (kRoute): its blocks count themselves out on
-// `counter` and the last one, seeing every block's logits, routes the tokens a warp each (what
-// the route kernel would do, one launch and one round trip fewer), then sets the counter back
-// to 0 for the next launch.
-struct RouteTail {
-  RouteParams p;
-  int* counter;
-};
-
 // `kSplit` warps share row r: warp s of them streams its 16-byte chunks s * 32 + lane +
 // 32 * kSplit * i (a warp's loads of one step are 512 contiguous bytes), a batch at a time,
 // dots each with the same chunk of every token's x, and sums its lanes in a fixed tree; the
 // row's first warp adds the warps' sums in warp order. A lane's chunks are summed in ascending
 // order whatever the batch size, so the result does not depend on T.
-template <int kTokens, int kSplit, bool kRoute>
+template <int kTokens, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Parts parts, const uint16_t* __restrict__ x,
-                                                         DType odt, int64_t n_in, const RouteTail route) {
+                                                         DType odt, int64_t n_in) {
   constexpr int kRowsPerBlock = kWarps / kSplit, kBatch = batch_for(kTokens);
   __shared__ float partial[kSplit > 1 ? kWarps : 1][kTokens];
   pdl_wait();
@@ -112,58 +102,39 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Parts parts, co
   for (int t = 0; t < kTokens; ++t)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
-  bool writes = active && lane == 0;
   if constexpr (kSplit > 1) {
     if (lane == 0)
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) partial[warp][t] = acc[t];
     __syncthreads();
-    writes = writes && s == 0;
-    if (s == 0)
+    if (s != 0) return;
 #pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        acc[t] = partial[warp][t];
+    for (int t = 0; t < kTokens; ++t) {
+      acc[t] = partial[warp][t];
 #pragma unroll
-        for (int i = 1; i < kSplit; ++i) acc[t] += partial[warp + i][t];
-      }
+      for (int i = 1; i < kSplit; ++i) acc[t] += partial[warp + i][t];
+    }
   }
-  if (writes) {
-    const float b = part.bias ? load_float(part.bias, n, part.bdt) : 0.0f;
+  if (!active || lane != 0) return;
+  const float b = part.bias ? load_float(part.bias, n, part.bdt) : 0.0f;
 #pragma unroll
-    for (int t = 0; t < kTokens; ++t) store_float(part.out, t * part.n_out + n, odt, acc[t] + b);
-  }
-  if constexpr (kRoute) {
-    __shared__ bool last;
-    __threadfence();  // this block's logits before its count
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(route.counter, 1) == int(gridDim.x) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // every block's logits after the count
-    extern __shared__ float route_smem[];
-    if (warp < kTokens) route_token(route.p, warp, route_smem + warp * 2 * route.p.n_experts);
-    if (threadIdx.x == 0) *route.counter = 0;
-  }
+  for (int t = 0; t < kTokens; ++t) store_float(part.out, t * part.n_out + n, odt, acc[t] + b);
 }
 
-template <int kTokens, int kSplit, bool kRoute>
-void launch_split(const KernelLaunch& launch, const Parts& parts, TensorView x, DType odt, int64_t n_in,
-                  const RouteTail& route) {
+template <int kTokens, int kSplit>
+void launch_split(const KernelLaunch& launch, const Parts& parts, TensorView x, DType odt, int64_t n_in) {
   constexpr int kRowsPerBlock = kWarps / kSplit;
-  const size_t smem = kRoute ? size_t(kTokens) * route_smem_bytes(route.p.n_experts) : 0;
-  launch_kernel(launch, gemv_kernel<kTokens, kSplit, kRoute>,
-                unsigned((parts.rows + kRowsPerBlock - 1) / kRowsPerBlock), kWarps * 32, smem, parts,
-                x.as<const uint16_t>(), odt, n_in, route);
+  launch_kernel(launch, gemv_kernel<kTokens, kSplit>, unsigned((parts.rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                kWarps * 32, 0, parts, x.as<const uint16_t>(), odt, n_in);
 }
 
-template <int kTokens, bool kRoute>
-void launch_gemv(const KernelLaunch& launch, const Parts& parts, TensorView x, DType odt, int64_t n_in,
-                 const RouteTail& route) {
+template <int kTokens>
+void launch_gemv(const KernelLaunch& launch, const Parts& parts, TensorView x, DType odt, int64_t n_in) {
   switch (split_for(n_in)) {
-    case 1: return launch_split<kTokens, 1, kRoute>(launch, parts, x, odt, n_in, route);
-    case 2: return launch_split<kTokens, 2, kRoute>(launch, parts, x, odt, n_in, route);
-    case 4: return launch_split<kTokens, 4, kRoute>(launch, parts, x, odt, n_in, route);
-    default: return launch_split<kTokens, 8, kRoute>(launch, parts, x, odt, n_in, route);
+    case 1: return launch_split<kTokens, 1>(launch, parts, x, odt, n_in);
+    case 2: return launch_split<kTokens, 2>(launch, parts, x, odt, n_in);
+    case 4: return launch_split<kTokens, 4>(launch, parts, x, odt, n_in);
+    default: return launch_split<kTokens, 8>(launch, parts, x, odt, n_in);
   }
 }
 
@@ -176,8 +147,7 @@ bool qualifies(TensorView x, const LinearWeight& w, TensorView out) {
   return t >= 1 && t <= kGemvMaxTokens;
 }
 
-template <bool kRoute>
-bool run(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> parts, const RouteTail& route = {}) {
+bool run(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> parts) {
   if (parts.empty() || int64_t(parts.size()) > kMaxParts) return false;
   const LinearWeight& w0 = *parts[0].weight;
   Parts table{};
@@ -192,14 +162,14 @@ bool run(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> p
   if (table.rows > INT32_MAX || w0.n_in / 8 * kGemvMaxTokens > INT32_MAX) return false;
   const DType odt = parts[0].out.dtype;
   switch (x.numel() / w0.n_in) {
-    case 1: launch_gemv<1, kRoute>(launch, table, x, odt, w0.n_in, route); break;
-    case 2: launch_gemv<2, kRoute>(launch, table, x, odt, w0.n_in, route); break;
-    case 3: launch_gemv<3, kRoute>(launch, table, x, odt, w0.n_in, route); break;
-    case 4: launch_gemv<4, kRoute>(launch, table, x, odt, w0.n_in, route); break;
-    case 5: launch_gemv<5, kRoute>(launch, table, x, odt, w0.n_in, route); break;
-    case 6: launch_gemv<6, kRoute>(launch, table, x, odt, w0.n_in, route); break;
-    case 7: launch_gemv<7, kRoute>(launch, table, x, odt, w0.n_in, route); break;
-    default: launch_gemv<8, kRoute>(launch, table, x, odt, w0.n_in, route); break;
+    case 1: launch_gemv<1>(launch, table, x, odt, w0.n_in); break;
+    case 2: launch_gemv<2>(launch, table, x, odt, w0.n_in); break;
+    case 3: launch_gemv<3>(launch, table, x, odt, w0.n_in); break;
+    case 4: launch_gemv<4>(launch, table, x, odt, w0.n_in); break;
+    case 5: launch_gemv<5>(launch, table, x, odt, w0.n_in); break;
+    case 6: launch_gemv<6>(launch, table, x, odt, w0.n_in); break;
+    case 7: launch_gemv<7>(launch, table, x, odt, w0.n_in); break;
+    default: launch_gemv<8>(launch, table, x, odt, w0.n_in); break;
   }
   TETRA_CUDA_CHECK_LAUNCH("gemv_bf16");
   return true;
@@ -209,23 +179,11 @@ bool run(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> p
 
 bool gemv_bf16(const KernelLaunch& launch, TensorView x, const LinearWeight& w, TensorView out) {
   const LinearPart part{&w, out};
-  return run<false>(launch, x, std::span<const LinearPart>(&part, 1));
+  return run(launch, x, std::span<const LinearPart>(&part, 1));
 }
 
 bool gemv_bf16(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> parts) {
-  return run<false>(launch, x, parts);
-}
-
-bool gemv_bf16_route(const KernelLaunch& launch, TensorView x, const LinearWeight& w, TensorView logits,
-                     const RoutingSpec& spec, const float* bias, int* ids, float* weights, int* counter) {
-  if (logits.dtype != DType::F32 || w.n_in <= 0) return false;
-  const int64_t tokens = x.numel() / w.n_in;
-  // The last block's warps route a token each, in the default 48 KB of shared memory.
-  if (tokens < 1 || tokens > kWarps || size_t(tokens) * route_smem_bytes(int(w.n_out)) > 48 * 1024) return false;
-  const RouteTail route{route_params(logits.as<const float>(), int(tokens), int(w.n_out), spec, bias, ids, weights),
-                        counter};
-  const LinearPart part{&w, logits};
-  return run<true>(launch, x, std::span<const LinearPart>(&part, 1), route);
+  return run(launch, x, parts);
 }
 
 }  // namespace tetra::ops::cuda

@@ -20,12 +20,5 @@ bool gemv_bf16(const KernelLaunch& launch, TensorView x, const LinearWeight& w, 
 // Several linears of x in one launch (up to 4, one width of input, one output dtype), each as
 // the single form computes it; false when any part does not qualify (nothing is run then).
 bool gemv_bf16(const KernelLaunch& launch, TensorView x, std::span<const LinearPart> parts);
-// A router: logits [T, E] F32 as gemv_bf16 computes them, then ids and weights [T, top_k] as the
-// route kernel computes them from those logits (the same bits), routed by the launch's last
-// block. `counter` is a device int that is 0 between launches on its stream (the last block
-// sets it back). False where it does not qualify (as gemv_bf16, and 2 * E floats a token fit
-// 48 KB of shared memory); nothing is run then.
-bool gemv_bf16_route(const KernelLaunch& launch, TensorView x, const LinearWeight& w, TensorView logits,
-                     const RoutingSpec& spec, const float* bias, int* ids, float* weights, int* counter);
 
 }  // namespace tetra::ops::cuda

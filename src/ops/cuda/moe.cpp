@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "ops/cuda/cuda_check.h"
-#include "ops/cuda/gemv.h"
 #include "ops/cuda/moe_internal.h"
 
 namespace tetra::ops::cuda {
@@ -81,36 +80,22 @@ int64_t moe_workspace_bytes(const MoeExperts& experts, int64_t n_tokens, int top
 
 bool moe_fast_path(const MoeExperts& experts) { return as_cuda(experts).fast; }
 
-namespace {
-
-// The correction bias route() reads (sigmoid routing), checked; null where there is none.
-const float* checked_route_views(TensorView logits, const RoutingSpec& spec, TensorView ids, TensorView weights) {
+void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
+           TensorView weights) {
   TETRA_CHECK(logits.shape.rank == 2, "moe route: logits must be [T, E]");
   const int64_t T = logits.dim(0), E = logits.dim(1);
   check_view(logits, DType::F32, T, E, "router logits");
   check_view(ids, DType::I32, T, spec.top_k, "expert ids");
   check_view(weights, DType::F32, T, spec.top_k, "expert weights");
-  if (spec.scoring != Scoring::Sigmoid || spec.correction_bias.empty()) return nullptr;
-  TETRA_CHECK(spec.correction_bias.device == Device::Cuda && spec.correction_bias.dtype == DType::F32 &&
-                  spec.correction_bias.numel() == E,
-              "moe route: the correction bias must be F32 [E] on the CUDA device");
-  return spec.correction_bias.as<const float>();
-}
-
-}  // namespace
-
-void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
-           TensorView weights) {
-  const float* bias = checked_route_views(logits, spec, ids, weights);
-  launch_route(kernel_launch(ctx), logits.as<const float>(), int(logits.dim(0)), int(logits.dim(1)),
+  const float* bias = nullptr;
+  if (spec.scoring == Scoring::Sigmoid && !spec.correction_bias.empty()) {
+    TETRA_CHECK(spec.correction_bias.device == Device::Cuda &&
+                    spec.correction_bias.dtype == DType::F32 && spec.correction_bias.numel() == E,
+                "moe route: the correction bias must be F32 [E] on the CUDA device");
+    bias = spec.correction_bias.as<const float>();
+  }
+  launch_route(kernel_launch(ctx), logits.as<const float>(), int(T), int(E),
                spec, bias, ids.as<int>(), weights.as<float>());
-}
-
-bool route_in_gemv(const Context& ctx, TensorView x, const LinearWeight& router, TensorView logits,
-                   const RoutingSpec& spec, TensorView ids, TensorView weights, int* counter) {
-  const float* bias = checked_route_views(logits, spec, ids, weights);
-  return gemv_bf16_route(kernel_launch(ctx), x, router, logits, spec, bias, ids.as<int>(), weights.as<float>(),
-                         counter);
 }
 
 namespace {

@@ -54,11 +54,6 @@ int64_t experts_bytes_per_expert(const MoeExperts& experts);
 // logits F32 [T, E] -> ids I32 [T, top_k], weights F32 [T, top_k] (FORMATS.md §2.2).
 void route(const Context& ctx, TensorView logits, const RoutingSpec& spec, TensorView ids,
            TensorView weights);
-// The router's linear (x [T, H] BF16 -> logits [T, E] F32) and route() after it in one launch
-// where the GEMV takes it (gemv_bf16_route: few tokens); false leaves both to the caller,
-// nothing run. `counter`: a device int, 0 between launches on ctx's stream.
-bool route_in_gemv(const Context& ctx, TensorView x, const LinearWeight& router, TensorView logits,
-                   const RoutingSpec& spec, TensorView ids, TensorView weights, int* counter);
 
 // How the expert GEMMs run; chosen per (shape, token bucket) unless forced.
 struct MoeConfig {

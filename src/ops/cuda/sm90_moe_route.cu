@@ -11,7 +11,6 @@
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe_grouping.cuh"
 #include "ops/cuda/moe_internal.h"
-#include "ops/cuda/moe_route.cuh"
 
 namespace tetra::ops::cuda {
 namespace {
@@ -20,15 +19,121 @@ constexpr int kRouteWarps = 4;     // tokens per routing block, one warp each
 constexpr int kPermuteThreads = 1024;
 constexpr int kMaxExperts = 1024;  // routing keeps a token's E scores in shared memory
 
-// One warp per token.
+struct RouteParams {
+  const float* logits;
+  const float* bias;  // sigmoid only, may be null
+  int* ids;
+  float* weights;
+  int n_tokens, n_experts, top_k;
+  int n_group, topk_group;
+  bool sigmoid, norm;
+  float scaling;
+};
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ov > v || (ov == v && oi < i)) v = ov, i = oi;  // ties go to the lower index
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// One warp per token, FORMATS.md §2.2: scores (softmax, or sigmoid with the correction bias
+// for selection only), optional group pruning, top-k, optional renormalization, scaling.
 __global__ void __launch_bounds__(kRouteWarps * 32) route_kernel(RouteParams p) {
   pdl_wait();
   pdl_launch_dependents();
   extern __shared__ float route_smem[];
-  const int warp = threadIdx.x >> 5;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = blockIdx.x * kRouteWarps + warp;
   if (t >= p.n_tokens) return;  // whole warps leave; the kernel has no block barrier
-  route_token(p, t, route_smem + warp * 2 * p.n_experts);
+  const int E = p.n_experts;
+  float* score = route_smem + warp * 2 * E;  // the weights come from these
+  float* sel = score + E;                    // and the choice from these
+  const float* l = p.logits + int64_t(t) * E;
+
+  if (!p.sigmoid) {
+    float m = -INFINITY;
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+      const float x = expf(l[e] - m);
+      score[e] = x;
+      sum += x;
+    }
+    const float inv = 1.0f / warp_sum(sum);
+    for (int e = lane; e < E; e += 32) score[e] *= inv, sel[e] = score[e];
+  } else {
+    for (int e = lane; e < E; e += 32) {
+      const float s = 1.0f / (1.0f + expf(-l[e]));
+      score[e] = s;
+      sel[e] = s + (p.bias ? p.bias[e] : 0.0f);
+    }
+  }
+  __syncwarp();
+
+  if (p.sigmoid && p.n_group > 1) {
+    // Group score = sum of the group's two best biased scores; keep topk_group groups and
+    // mask the others' selection scores with -inf, as transformers 5 does (older versions
+    // used 0.0, which differs when biased scores go negative).
+    const int per = E / p.n_group;
+    float gscore = -INFINITY;
+    if (lane < p.n_group) {
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int e = lane * per; e < (lane + 1) * per; ++e) {
+        const float v = sel[e];
+        if (v > b1) b2 = b1, b1 = v;
+        else if (v > b2) b2 = v;
+      }
+      gscore = b1 + b2;
+    }
+    uint32_t keep = 0;
+    for (int r = 0; r < p.topk_group; ++r) {
+      float v = gscore;
+      int i = lane;
+      warp_argmax(v, i);
+      keep |= 1u << i;
+      if (lane == i) gscore = -INFINITY;
+    }
+    for (int e = lane; e < E; e += 32)
+      if (!((keep >> (e / per)) & 1u)) sel[e] = -INFINITY;
+    __syncwarp();
+  }
+
+  float my_weight = 0.0f;  // lane j keeps the weight of the j-th choice
+  for (int j = 0; j < p.top_k; ++j) {
+    float v = -INFINITY;
+    int i = 0x7fffffff;
+    for (int e = lane; e < E; e += 32)
+      if (sel[e] > v) v = sel[e], i = e;  // strided scan: first hit is the lower index
+    warp_argmax(v, i);
+    if (i >= E) i = 0;  // only with NaN scores: keep the index in range
+    if (lane == j) my_weight = score[i];
+    if (lane == 0) {
+      p.ids[int64_t(t) * p.top_k + j] = i;
+      sel[i] = -INFINITY;
+    }
+    __syncwarp();
+  }
+  if (p.norm) {
+    const float sum = warp_sum(lane < p.top_k ? my_weight : 0.0f);
+    my_weight = p.sigmoid ? my_weight / (sum + 1e-20f) : my_weight / sum;
+  }
+  if (lane < p.top_k) p.weights[int64_t(t) * p.top_k + lane] = my_weight * p.scaling;
 }
 
 struct PermuteParams {
@@ -110,8 +215,8 @@ __global__ void combine_kernel(const float* __restrict__ y, const int* __restric
 
 }  // namespace
 
-RouteParams route_params(const float* logits, int n_tokens, int n_experts, const RoutingSpec& spec, const float* bias,
-                         int* ids, float* weights) {
+void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens, int n_experts,
+                  const RoutingSpec& spec, const float* bias, int* ids, float* weights) {
   TETRA_CHECK(n_experts > 0 && n_experts <= kMaxExperts, "moe route: at most ", kMaxExperts,
               " experts are supported, not ", n_experts);
   TETRA_CHECK(spec.top_k > 0 && spec.top_k <= kMaxTopK && spec.top_k <= n_experts,
@@ -121,16 +226,11 @@ RouteParams route_params(const float* logits, int n_tokens, int n_experts, const
     TETRA_CHECK(spec.n_group <= 32 && n_experts % spec.n_group == 0 &&
                     spec.topk_group >= 1 && spec.topk_group <= spec.n_group,
                 "moe route: n_group must divide E (at most 32 groups) and 1 <= topk_group <= n_group");
-  return RouteParams{logits, bias, ids, weights, n_tokens, n_experts, spec.top_k,
-                     spec.n_group, spec.topk_group, sigmoid, spec.norm_topk_prob,
-                     spec.routed_scaling_factor};
-}
-
-void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens, int n_experts,
-                  const RoutingSpec& spec, const float* bias, int* ids, float* weights) {
-  const RouteParams p = route_params(logits, n_tokens, n_experts, spec, bias, ids, weights);
   if (n_tokens == 0) return;
-  const size_t smem = size_t(kRouteWarps) * route_smem_bytes(n_experts);
+  RouteParams p{logits, bias, ids, weights, n_tokens, n_experts, spec.top_k,
+                spec.n_group, spec.topk_group, sigmoid, spec.norm_topk_prob,
+                spec.routed_scaling_factor};
+  const size_t smem = size_t(kRouteWarps) * 2 * n_experts * sizeof(float);
   launch_kernel(launch, route_kernel, (n_tokens + kRouteWarps - 1) / kRouteWarps, kRouteWarps * 32, smem, p);
 }
 
