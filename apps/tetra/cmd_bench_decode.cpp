@@ -78,6 +78,10 @@ struct Row {
   int64_t batch = 0, context = 0;
   StepTimes served, eager;
   double fill_s = 0;  // the prompts' prefill, to every sequence's first token
+  // The prefill of the eager profiling pass, op by op (every prompt chunk's ops, summed).
+  std::map<OpClass, double> fill_by_class;
+  std::vector<std::pair<std::string, runtime::OpTime>> fill_top;  // slowest first
+  double fill_eager_s = 0, fill_ops_s = 0;
   double floor_s = 0;
   std::map<OpClass, double> by_class;  // seconds a step
   double ops_s = 0;                    // all ops a step
@@ -89,10 +93,10 @@ using OpTimes = std::map<std::string, runtime::OpTime>;
 
 // Runs `batch` requests of `context` random prompt tokens to their first token (the seconds
 // that took in *fill_s), then times `steps` decode steps one by one; with `prof`, profiles
-// `profile_steps` more, one map each.
+// the prefill (into *fill_profiled) and `profile_steps` more decode steps, one map each.
 StepTimes run_engine(runtime::ModelRanks& ranks, runtime::EngineConfig config, int64_t batch, int64_t context,
                      int steps, runtime::ProfilingBackend* prof, int profile_steps, int64_t* graph_steps,
-                     double* fill_s, std::vector<OpTimes>* profiled = nullptr) {
+                     double* fill_s, std::vector<OpTimes>* profiled = nullptr, OpTimes* fill_profiled = nullptr) {
   config.max_running_requests = int(batch);
   config.enable_prefix_caching = false;
   const int64_t new_tokens = 2 + steps + profile_steps;
@@ -116,9 +120,19 @@ StepTimes run_engine(runtime::ModelRanks& ranks, runtime::EngineConfig config, i
   auto all_started = [&] {
     return std::all_of(generated.begin(), generated.end(), [](const auto& g) { return g.second >= 1; });
   };
+  if (prof && fill_profiled) {
+    prof->reset();
+    prof->enable(true);
+  }
   const auto fill_start = std::chrono::steady_clock::now();
   while (!all_started()) TETRA_CHECK(engine.step(), "bench decode: the engine stopped before every prompt ran");
-  if (fill_s) *fill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - fill_start).count();
+  const double filled = std::chrono::duration<double>(std::chrono::steady_clock::now() - fill_start).count();
+  if (fill_s) *fill_s = filled;
+  if (prof && fill_profiled) {
+    prof->enable(false);
+    *fill_profiled = prof->times();
+    (*fill_profiled)[""] = runtime::OpTime{.calls = 0, .seconds = filled};  // the whole prefill, eager
+  }
   const int64_t graph_steps_before = engine.stats().graph_steps;
   std::vector<double> t, host;
   for (int i = 0; i < steps; ++i) {
@@ -235,7 +249,20 @@ int cmd_bench_decode(int argc, char** argv) {
         runtime::EngineConfig eager = config;
         eager.disable_cuda_graph = true;
         std::vector<OpTimes> profiled;
-        r.eager = run_engine(*ranks, eager, batch, context, steps, prof, profile_steps, nullptr, nullptr, &profiled);
+        OpTimes fill;
+        r.eager = run_engine(*ranks, eager, batch, context, steps, prof, profile_steps, nullptr, nullptr, &profiled,
+                             skip_prefill ? nullptr : &fill);
+        for (const auto& [name, op] : fill) {
+          if (name.empty()) {
+            r.fill_eager_s = op.seconds;
+            continue;
+          }
+          r.fill_by_class[op.cls] += op.seconds;
+          r.fill_ops_s += op.seconds;
+          r.fill_top.emplace_back(name, op);
+        }
+        std::sort(r.fill_top.begin(), r.fill_top.end(),
+                  [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
         // Each op's median over the profiled steps (one stray wait does not skew it).
         for (const auto& [name, first] : profiled.front()) {
           std::vector<double> t;
@@ -288,6 +315,18 @@ int cmd_bench_decode(int argc, char** argv) {
         std::printf("%s batch %lld %.1f ms (%.0f tok/s)", &r == &rows.front() ? "" : ";", (long long)r.batch,
                     r.fill_s * 1e3, double(r.batch * r.context) / r.fill_s);
       std::printf("\n");
+      // Where a prefill's time goes, from the profiling pass (eager; each op between waits).
+      for (const Row& r : rows) {
+        if (r.fill_top.empty()) continue;
+        std::printf("prefill breakdown, batch %lld (eager %.1f ms):", (long long)r.batch, r.fill_eager_s * 1e3);
+        for (OpClass c : classes)
+          std::printf(" %s %.1f,", runtime::op_class_name(c), (r.fill_by_class.count(c) ? r.fill_by_class.at(c) : 0.0) * 1e3);
+        std::printf(" gaps %.1f ms\n", (r.fill_eager_s - r.fill_ops_s) * 1e3);
+        if (verbose)
+          for (size_t i = 0; i < std::min<size_t>(r.fill_top.size(), 12); ++i)
+            std::printf("       %-32s %6lld calls %9.3f ms\n", r.fill_top[i].first.c_str(),
+                        (long long)r.fill_top[i].second.calls, r.fill_top[i].second.seconds * 1e3);
+      }
     }
     std::printf("host ms: a step's wall time less its wait for the device, the median (on a GPU: how long it idles "
                 "a step)\n");
@@ -312,6 +351,14 @@ int cmd_bench_decode(int argc, char** argv) {
         if (!skip_prefill) {
           o["prefill_ms"] = r.fill_s * 1e3;
           o["prefill_tokens_per_s"] = double(r.batch * r.context) / r.fill_s;
+          if (!r.fill_top.empty()) {
+            nlohmann::json br;
+            for (OpClass c : classes)
+              br[runtime::op_class_name(c)] = (r.fill_by_class.count(c) ? r.fill_by_class.at(c) : 0.0) * 1e3;
+            br["gaps"] = (r.fill_eager_s - r.fill_ops_s) * 1e3;
+            o["prefill_eager_ms"] = r.fill_eager_s * 1e3;
+            o["prefill_breakdown_ms"] = br;
+          }
         }
         if (profile_steps > 0) {
           o["eager_step_ms_median"] = r.eager.median * 1e3;

@@ -505,6 +505,27 @@ TEST(Cli, BenchDecodeReportsPrefillOrSkipsIt) {
   fs::remove(json);
 }
 
+TEST(Cli, BenchDecodeBreaksThePrefillDown) {
+  const fs::path json = fs::temp_directory_path() / ("tetra_bench_prefill_" + std::to_string(::getpid()) + ".json");
+  const auto r = run_cli("bench decode --model " + kFixture.string() + " --batch 2 --context 48 --steps 3 --profile-steps 1 "
+                         "--verbose --json " + json.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("prefill breakdown, batch 2 (eager "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("moe_experts"), std::string::npos) << r.out;
+  std::ifstream in(json);
+  const auto rows = nlohmann::json::parse(in);
+  ASSERT_EQ(rows.size(), 1u);
+  const auto& br = rows[0]["prefill_breakdown_ms"];
+  // The two prompts' forward: attention, experts and projections all ran, within the eager prefill.
+  double ops = 0;
+  for (const char* c : {"attention", "moe", "dense GEMMs", "norms/rope", "elementwise", "sampling"}) ops += br[c].get<double>();
+  EXPECT_GT(br["attention"].get<double>(), 0);
+  EXPECT_GT(br["moe"].get<double>(), 0);
+  EXPECT_GT(br["dense GEMMs"].get<double>(), 0);
+  EXPECT_LE(ops, rows[0]["prefill_eager_ms"].get<double>());
+  fs::remove(json);
+}
+
 // bench decode runs a split model as serve does; its floor is rank 0's share: the same for
 // every rank count at one token would mean the split was not counted.
 TEST(Cli, BenchDecodeRunsASplitModelAndCountsRankZerosBytes) {
