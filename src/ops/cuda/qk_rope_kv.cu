@@ -1,5 +1,7 @@
 #include "ops/cuda/qk_rope_kv.h"
 
+#include <cuda_bf16.h>
+
 #include <cmath>
 
 #include "ops/cuda/cuda_check.h"
@@ -103,6 +105,105 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs 
   const int64_t v_from = (t * a.n_kv_heads + kv_head) * a.d_v, v_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d_v;
   for (int i = lane; i < a.d_v; i += 32)
     store_float(a.v_cache, v_at + i, a.cdt, to_cache_value(load_float(a.v, v_from + i, a.vdt), a.cdt, a.v_scale));
+}
+
+// The same step for prompt-sized batches, a head held in registers: lane l keeps values
+// l + 32 j (j < kPer), the elements the kernel above visits in the same order, so the norm's
+// sum and every rounding are the same; the head is read once and written once instead of a
+// round trip through memory per phase. Rope pairs sit in one lane (i and i + half, half a
+// multiple of 32) or in lanes l and l ^ 1 (interleaved). Used from kRowsFromTokens tokens:
+// at decode sizes it was slower (more registers, no gain in a round trip that PDL hides).
+constexpr int64_t kRowsFromTokens = 128;
+
+template <int kPer>
+__global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_rows_kernel(const HeadArgs a) {
+  const int lane = int(threadIdx.x) % 32;
+  const int64_t w = int64_t(blockIdx.x) * kWarps + int(threadIdx.x) / 32;
+  const int heads = a.n_heads + a.n_kv_heads;
+  const bool active = w < a.n_tokens * heads;
+  const int hh = int(w % heads);
+  const bool is_q = hh < a.n_heads;
+  const void* norm = is_q ? a.q_norm : a.k_norm;
+  float norm_w[kPer], freq[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = lane + 32 * j;
+    norm_w[j] = active && norm ? load_float(norm, i, a.wdt) : 0.0f;
+    const int p = a.interleaved ? i / 2 : i;  // the pair this element belongs to
+    freq[j] = active && p < a.half ? a.inv_freq[p] : 0.0f;
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  if (!active) return;
+  const int64_t t = w / heads;
+  const int kv_head = hh - a.n_heads;
+  __nv_bfloat16* x = static_cast<__nv_bfloat16*>(is_q ? a.q : a.k);
+  const int64_t base = (is_q ? t * a.n_heads + hh : t * a.n_kv_heads + kv_head) * a.d;
+  float v[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) v[j] = __bfloat162float(x[base + lane + 32 * j]);
+  if (norm) {
+    float sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) sq += v[j] * v[j];
+    const float inv = rsqrtf(warp_sum(sq) / float(a.d) + a.eps);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) v[j] = round_to(DType::BF16, norm_w[j] * (v[j] * inv));
+  }
+  const float pos = float(a.positions[t]);
+  float out[kPer];
+  if (a.interleaved) {
+    const bool first = (lane & 1) == 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const float other = __shfl_xor_sync(0xffffffffu, v[j], 1);
+      const int i = lane + 32 * j;
+      out[j] = v[j];
+      if (i / 2 < a.half) {
+        const float angle = pos * freq[j];
+        const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
+        const float x1 = first ? v[j] : other, x2 = first ? other : v[j];
+        out[j] = first ? x1 * c - x2 * s : x2 * c + x1 * s;
+      }
+    }
+  } else {
+    const int hj = a.half / 32;  // the partner of value j is value j + hj
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) out[j] = v[j];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (j >= hj) break;
+      const float angle = pos * freq[j];
+      const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k)  // the partner, picked without indexing registers at run time
+        if (k == j + hj) {
+          out[j] = v[j] * c - v[k] * s;
+          out[k] = v[k] * c + v[j] * s;
+        }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) x[base + lane + 32 * j] = __float2bfloat16(out[j]);
+  if (is_q) return;
+  const int32_t slot = a.slots[t];
+  if (slot < 0 || slot >= a.n_slots) return;
+  const int64_t k_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    store_float(a.k_cache, k_at + lane + 32 * j, a.cdt,
+                to_cache_value(round_to(DType::BF16, out[j]), a.cdt, a.k_scale));
+  const int64_t v_from = (t * a.n_kv_heads + kv_head) * a.d_v, v_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d_v;
+  for (int i = lane; i < a.d_v; i += 32)
+    store_float(a.v_cache, v_at + i, a.cdt, to_cache_value(load_float(a.v, v_from + i, a.vdt), a.cdt, a.v_scale));
+}
+
+// Whether the register-held kernel takes this step, and its values a lane.
+int rows_kernel_values(const HeadArgs& a) {
+  if (a.n_tokens < kRowsFromTokens || a.dt != DType::BF16 || a.d % 32 != 0 || a.d / 32 > 8) return 0;
+  if (a.q_norm && a.wdt != DType::BF16 && a.wdt != DType::F32) return 0;
+  if (!a.interleaved && a.half % 32 != 0) return 0;
+  return a.d / 32;
 }
 
 struct MlaArgs {
@@ -258,7 +359,14 @@ void qk_norm_rope_kv_write(const KernelLaunch& launch, TensorView q, TensorView 
              k_cache.dim(0) * k_cache.dim(1), int(H), int(KV), int(D), int(Dv), k_scale, v_scale};
   const int64_t warps = T * (H + KV);
   TETRA_CHECK((warps + kWarps - 1) / kWarps <= INT32_MAX, op, ": too many heads for one launch");
-  launch_kernel(launch, qk_rope_kv_kernel, unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, a);
+  const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
+  switch (rows_kernel_values(a)) {
+    case 1: launch_kernel(launch, qk_rope_kv_rows_kernel<1>, blocks, kWarps * 32, 0, a); break;
+    case 2: launch_kernel(launch, qk_rope_kv_rows_kernel<2>, blocks, kWarps * 32, 0, a); break;
+    case 4: launch_kernel(launch, qk_rope_kv_rows_kernel<4>, blocks, kWarps * 32, 0, a); break;
+    case 8: launch_kernel(launch, qk_rope_kv_rows_kernel<8>, blocks, kWarps * 32, 0, a); break;
+    default: launch_kernel(launch, qk_rope_kv_kernel, blocks, kWarps * 32, 0, a); break;
+  }
   TETRA_CUDA_CHECK_LAUNCH(op);
 }
 
