@@ -68,6 +68,17 @@ __device__ __forceinline__ float round_to(DType dt, float v) {
   }
 }
 
+// Rope's rotation of a pair (x1, x2) by (c, s), its roundings written out: x1 c - x2 s as two
+// products and a subtraction, x2 c + x1 s as a product and an fma. Every kernel that rotates
+// (rope, the fused attention-input steps) calls these, so none depends on where the compiler
+// would contract a product into an fma, and their results are the same bits.
+__device__ __forceinline__ float rotate_first(float x1, float x2, float c, float s) {
+  return __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+}
+__device__ __forceinline__ float rotate_second(float x1, float x2, float c, float s) {
+  return __fmaf_rn(x2, c, __fmul_rn(x1, s));
+}
+
 // What a KV cache of `dt` stores for v: an FP8 cache holds v / scale (ops::KvCacheLayer's
 // per-tensor k_scale or v_scale); the others hold v itself, as the CPU backend's do.
 __device__ __forceinline__ float to_cache_value(float v, DType dt, float scale) {

@@ -92,8 +92,8 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs 
     const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
     const int64_t ia = base + (a.interleaved ? 2 * p : p), ib = base + (a.interleaved ? 2 * p + 1 : p + a.half);
     const float x1 = load_float(x, ia, a.dt), x2 = load_float(x, ib, a.dt);
-    store_float(x, ia, a.dt, x1 * c - x2 * s);
-    store_float(x, ib, a.dt, x2 * c + x1 * s);
+    store_float(x, ia, a.dt, rotate_first(x1, x2, c, s));
+    store_float(x, ib, a.dt, rotate_second(x1, x2, c, s));
   }
   if (is_q) return;
   const int32_t slot = a.slots[t];
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_rows_kernel(const Head
         const float angle = pos * freq[j];
         const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
         const float x1 = first ? v[j] : other, x2 = first ? other : v[j];
-        out[j] = first ? x1 * c - x2 * s : x2 * c + x1 * s;
+        out[j] = first ? rotate_first(x1, x2, c, s) : rotate_second(x1, x2, c, s);
       }
     }
   } else {
@@ -178,8 +178,8 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_rows_kernel(const Head
 #pragma unroll
       for (int k = 0; k < kPer; ++k)  // the partner, picked without indexing registers at run time
         if (k == j + hj) {
-          out[j] = v[j] * c - v[k] * s;
-          out[k] = v[k] * c + v[j] * s;
+          out[j] = rotate_first(v[j], v[k], c, s);
+          out[k] = rotate_second(v[j], v[k], c, s);
         }
     }
   }
@@ -232,8 +232,8 @@ __device__ __forceinline__ void rope_row(const MlaArgs& a, const void* src, int6
     const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
     const int ia = a.interleaved ? 2 * p : p, ib = a.interleaved ? 2 * p + 1 : p + a.half;
     const float x1 = load_float(src, from + ia, a.dt), x2 = load_float(src, from + ib, a.dt);
-    store_float(dst, to + ia, a.dt, x1 * c - x2 * s);
-    store_float(dst, to + ib, a.dt, x2 * c + x1 * s);
+    store_float(dst, to + ia, a.dt, rotate_first(x1, x2, c, s));
+    store_float(dst, to + ib, a.dt, rotate_second(x1, x2, c, s));
   }
   for (int i = 2 * a.half + lane; i < a.dr; i += 32) store_float(dst, to + i, a.dt, load_float(src, from + i, a.dt));
 }

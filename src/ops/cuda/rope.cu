@@ -20,8 +20,8 @@ __global__ void rope_kernel(void* x, DType dt, const int32_t* positions, const f
     const int64_t base = th * head_dim;
     const int64_t ia = base + (interleaved ? 2 * p : p), ib = base + (interleaved ? 2 * p + 1 : p + half);
     const float x1 = load_float(x, ia, dt), x2 = load_float(x, ib, dt);
-    store_float(x, ia, dt, x1 * c - x2 * s);
-    store_float(x, ib, dt, x2 * c + x1 * s);
+    store_float(x, ia, dt, rotate_first(x1, x2, c, s));
+    store_float(x, ib, dt, rotate_second(x1, x2, c, s));
   }
 }
 
