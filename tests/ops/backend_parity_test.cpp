@@ -554,7 +554,9 @@ struct PagedSteps {
   int bs = 0, mbps = 0;
 };
 
-PagedSteps paged_steps(const std::vector<SeqSpec>& seqs, int bs, std::mt19937& rng) {
+// spare_blocks: table rows longer than the longest sequence needs, as the engine's are (sized
+// for the model's context).
+PagedSteps paged_steps(const std::vector<SeqSpec>& seqs, int bs, std::mt19937& rng, int spare_blocks = 0) {
   PagedSteps out;
   out.bs = bs;
   int max_len = 0;
@@ -562,7 +564,7 @@ PagedSteps paged_steps(const std::vector<SeqSpec>& seqs, int bs, std::mt19937& r
     out.total_blocks += (s.context + s.new_tokens + bs - 1) / bs;
     max_len = std::max(max_len, s.context + s.new_tokens);
   }
-  out.mbps = (max_len + bs - 1) / bs;
+  out.mbps = (max_len + bs - 1) / bs + spare_blocks;
   std::vector<int32_t> perm(static_cast<size_t>(out.total_blocks));
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
@@ -745,8 +747,8 @@ TEST_F(BackendParity, MlaAttentionDecodePrefillAndSelected) {
 // score (f32 sums in another order). Keys that are equal score equally: the lower position
 // wins on both.
 void dsa_case(BackendParity& p, const std::vector<SeqSpec>& seqs, int heads, int dim, int top_k, int bs,
-              bool all_equal, const std::string& name) {
-  const PagedSteps steps = paged_steps(seqs, bs, p.rng);
+              bool all_equal, const std::string& name, int spare_blocks = 0) {
+  const PagedSteps steps = paged_steps(seqs, bs, p.rng, spare_blocks);
   const int64_t pre_tokens = steps.pre.n, n_tokens = steps.now.n;
   auto k_pre = p.randn(pre_tokens * dim), k_now = p.randn(n_tokens * dim);
   if (all_equal) {
@@ -837,6 +839,9 @@ TEST_F(BackendParity, DsaSelectAboveAndBelowTopK) {
   // More survivors than a block holds in registers: the final stage reads them from memory.
   dsa_case(*this, {{163839, 1}}, 4, 64, 2048, 64, false, "160k keys: 10 slices, 20,480 survivors");
   dsa_case(*this, {{20, 3}, {0, 2}}, 8, 32, 4, 7, false, "tiny fixture shape, block size 7");
+  // Prompts under table rows sized for a long context: the keys the step has, not the row's.
+  dsa_case(*this, {{0, 700}}, 32, 128, 512, 64, false, "prefill of 700 under a row of 192k keys", 3000);
+  dsa_case(*this, {{100, 300}, {0, 50}, {5000, 2}}, 32, 128, 256, 64, false, "mixed step, rows of 64k", 900);
 }
 
 TEST_F(BackendParity, HeadLinearBothDirections) {

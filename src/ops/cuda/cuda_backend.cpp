@@ -483,6 +483,7 @@ void CudaBackend::dsa_select(const Context& ctx, TensorView q, TensorView weight
   p.n_seqs = batch.n_seqs;
   p.block_size = batch.block_size;
   p.max_blocks_per_seq = batch.max_blocks_per_seq;
+  p.max_seq_len = batch.max_seq_len;
   p.q_scale = q_scale;
   p.weight_scale = weight_scale;
   if (p.n_tokens == 0) return;

@@ -379,7 +379,11 @@ struct DsaLayout {
 
 DsaLayout dsa_layout(const DsaSelectParams& p) {
   DsaLayout l;
+  // A step's tokens have at most max_seq_len keys: a prompt of 8,192 tokens under a table row
+  // of GLM-5's 202,752 would otherwise launch 25 times the blocks and fit 25 times fewer tokens
+  // in a group of the workspace (docs/PERF.md).
   l.cap = int64_t(p.max_blocks_per_seq) * p.block_size;
+  if (p.max_seq_len > 0) l.cap = std::min<int64_t>(l.cap, p.max_seq_len);
   l.n_slices = ceil_div(l.cap, kSliceKeys);
   l.token_bytes = ceil_div(l.cap * 4 + l.n_slices * (int64_t(p.top_k) * 8 + 4), 16) * 16;
   l.group = int(std::clamp<int64_t>(kScoreWorkspaceBytes / l.token_bytes, 1, std::max(p.n_tokens, 1)));
