@@ -62,7 +62,8 @@ struct DsaSelectParams {
   const int32_t* block_tables;  // [n_seqs, max_blocks_per_seq]
   int n_tokens, n_seqs, n_heads, dim, top_k, block_size, max_blocks_per_seq;
   // The most keys a token of this step has (AttentionBatch::max_seq_len); 0: the block
-  // tables' whole row. The scores' grid and workspace are sized by it.
+  // tables' whole row. The scores' grid and workspace are sized by it, so a launch given it
+  // serves no longer sequence (a captured graph must not be given it).
   int max_seq_len;
   float q_scale, weight_scale;
 };

@@ -483,7 +483,9 @@ void CudaBackend::dsa_select(const Context& ctx, TensorView q, TensorView weight
   p.n_seqs = batch.n_seqs;
   p.block_size = batch.block_size;
   p.max_blocks_per_seq = batch.max_blocks_per_seq;
-  p.max_seq_len = batch.max_seq_len;
+  // Prompt steps size the scores by their longest sequence. Decode steps keep the table's row:
+  // decode graphs are captured with padding rows (max_seq_len 1) and replayed at any length.
+  p.max_seq_len = batch.max_query_len > 1 ? batch.max_seq_len : 0;
   p.q_scale = q_scale;
   p.weight_scale = weight_scale;
   if (p.n_tokens == 0) return;
