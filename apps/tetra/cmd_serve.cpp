@@ -117,12 +117,14 @@ std::unique_ptr<parallel::NodeGroup> join_nodes(const parallel::NodeOptions& o, 
   return nodes;
 }
 
-// A node other than node 0: no HTTP; it loads its ranks, starts as node 0 does, then runs the
-// steps node 0 sends until node 0 stops (0) or is lost (1).
-int serve_other_node(const std::filesystem::path& dir, const parallel::NodeOptions& o,
-                     const parallel::Fingerprint& fingerprint, const ops::BackendOptions& backend_opts,
-                     std::unique_ptr<ops::Backend> backend, const parallel::Parallelism& par, const DeviceFlags& dev,
-                     const std::string& hf_overrides, const runtime::EngineConfig& engine_config) {
+// This node's ranks: it joins the other nodes (with several), then loads its share of the
+// model, showing progress.
+std::unique_ptr<runtime::ModelRanks> load_node_ranks(const std::filesystem::path& dir, const parallel::NodeOptions& o,
+                                                     const parallel::Fingerprint& fingerprint,
+                                                     const ops::BackendOptions& backend_opts,
+                                                     std::unique_ptr<ops::Backend> backend,
+                                                     const parallel::Parallelism& par, const DeviceFlags& dev,
+                                                     const std::string& hf_overrides) {
   std::unique_ptr<parallel::NodeGroup> nodes = join_nodes(o, fingerprint);
   Progress progress("loading " + dir.filename().string());
   model::LoadOptions load_options;
@@ -131,6 +133,16 @@ int serve_other_node(const std::filesystem::path& dir, const parallel::NodeOptio
   load_options.hf_overrides = hf_overrides;
   auto ranks = runtime::load_ranks(dir, backend_opts, par, load_options, std::move(backend), {}, std::move(nodes));
   progress.finish(ranks->model().load_stats().tensors, ranks->model().load_stats().bytes);
+  return ranks;
+}
+
+// A node other than node 0: no HTTP; it loads its ranks, starts as node 0 does, then runs the
+// steps node 0 sends until node 0 stops (0) or is lost (1).
+int serve_other_node(const std::filesystem::path& dir, const parallel::NodeOptions& o,
+                     const parallel::Fingerprint& fingerprint, const ops::BackendOptions& backend_opts,
+                     std::unique_ptr<ops::Backend> backend, const parallel::Parallelism& par, const DeviceFlags& dev,
+                     const std::string& hf_overrides, const runtime::EngineConfig& engine_config) {
+  auto ranks = load_node_ranks(dir, o, fingerprint, backend_opts, std::move(backend), par, dev, hf_overrides);
   runtime::Engine engine(*ranks, engine_config);
   std::fprintf(stderr, "tetra serve: node %d ready: ranks %d .. %d of %d, following node 0's steps\n", o.node_rank,
                ranks->first_rank(), ranks->first_rank() + ranks->size() - 1, ranks->world());
@@ -345,14 +357,7 @@ int cmd_serve(int argc, char** argv) {
   std::fprintf(stderr, "tetra serve: listening on http://%s:%d, loading %s\n", host.c_str(), srv.port(),
                dir.string().c_str());
 
-  std::unique_ptr<parallel::NodeGroup> nodes = join_nodes(node_opts, fingerprint);
-  Progress progress("loading " + dir.filename().string());
-  model::LoadOptions load_options;
-  load_options.on_progress = [&](const model::LoadStats& s) { progress.update(s.tensors, s.bytes); };
-  load_options.dummy = dev.load_format == "dummy";
-  load_options.hf_overrides = hf_overrides;
-  auto ranks = runtime::load_ranks(dir, backend_opts, par, load_options, std::move(backend), {}, std::move(nodes));
-  progress.finish(ranks->model().load_stats().tensors, ranks->model().load_stats().bytes);
+  auto ranks = load_node_ranks(dir, node_opts, fingerprint, backend_opts, std::move(backend), par, dev, hf_overrides);
   const ModelConfig& mc = ranks->model().config();
   std::fprintf(stderr, "tetra serve: %s\n", describe_architecture(mc).c_str());
   runtime::Engine engine(*ranks, engine_config);
