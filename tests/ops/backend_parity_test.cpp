@@ -451,7 +451,10 @@ TEST_F(BackendParity, MlaRopeCacheWrite) {
   // MLA's fused attention-input step against the CPU, and on each backend against the ops it
   // replaces (copy_columns, rms_norm, rope, cache_write: the default). Slots -1 write nothing.
   struct Case { int64_t heads, dn, dr, rank; int rotary; bool interleaved; };
-  for (const Case c : {Case{64, 192, 64, 512, 64, true}, Case{5, 24, 16, 40, 8, false}, Case{3, 128, 64, 600, 64, false}}) {
+  // q_nope is copied 16 bytes at a time where its rows allow (dn and dn + dr multiples of 8),
+  // else a value at a time (dn 20).
+  for (const Case c : {Case{64, 192, 64, 512, 64, true}, Case{5, 24, 16, 40, 8, false}, Case{3, 128, 64, 600, 64, false},
+                       Case{4, 20, 12, 40, 12, false}}) {
     const int64_t t = 11, n_blocks = 3, bs = 8, width = c.rank + c.dr;
     const auto q = randn(t * c.heads * (c.dn + c.dr), 2.0f), ckv = randn(t * width, 2.0f), kn = randn(c.rank, 0.5f);
     std::vector<int32_t> pos(static_cast<size_t>(t)), slots(static_cast<size_t>(t));

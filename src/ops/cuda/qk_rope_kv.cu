@@ -221,6 +221,7 @@ struct MlaArgs {
   void* cache;
   int64_t n_tokens, n_slots;
   int n_heads, dn, dr, rank;
+  bool vector_copy;  // q_nope copied 16 bytes at a time (2-byte values, 16-byte aligned rows)
 };
 
 // Rotates the dr values at src[from ..] into dst[to ..] (pairs as rope.cu forms them; values
@@ -264,7 +265,14 @@ __global__ void __launch_bounds__(kWarps * 32) mla_rope_cache_kernel(const MlaAr
   const float pos = float(a.positions[t]);
   if (!is_entry) {
     const int64_t row = t * a.n_heads + hh, src = row * (a.dn + a.dr);
-    for (int i = lane; i < a.dn; i += 32) store_float(a.q_nope, row * a.dn + i, a.dt, load_float(a.q, src + i, a.dt));
+    if (a.vector_copy) {
+      // 16 bytes a lane: a copy, so the same bits as the loop below in an eighth of the loads.
+      const uint4* from = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + src);
+      uint4* to = reinterpret_cast<uint4*>(static_cast<uint16_t*>(a.q_nope) + row * a.dn);
+      for (int i = lane; i < a.dn / 8; i += 32) to[i] = from[i];
+    } else {
+      for (int i = lane; i < a.dn; i += 32) store_float(a.q_nope, row * a.dn + i, a.dt, load_float(a.q, src + i, a.dt));
+    }
     rope_row(a, a.q, src + a.dn, a.q_rope, row * a.dr, pos, lane);
     return;
   }
@@ -320,7 +328,10 @@ void mla_rope_cache_write(const KernelLaunch& launch, TensorView q, TensorView q
   MlaArgs a{q.data, q_nope.data, q_rope.data, ckv.data, q.dtype, kv_norm.dtype, cache.dtype, kv_norm.data, eps,
             positions.as<const int32_t>(), rope.inv_freq.as<const float>(), rope.attention_scaling,
             rope.rotary_dim / 2, rope.interleaved, slots.as<const int32_t>(), cache.data, T,
-            cache.dim(0) * cache.dim(1), int(H), int(dn), int(dr), int(rank)};
+            cache.dim(0) * cache.dim(1), int(H), int(dn), int(dr), int(rank), false};
+  // Every row of q (dn + dr values) and of q_nope (dn) starts 16 bytes apart from the last.
+  a.vector_copy = dtype_bits(q.dtype) == 16 && dn % 8 == 0 && (dn + dr) % 8 == 0 && aligned16(q.data) &&
+                  aligned16(q_nope.data);
   const int64_t warps = T * (H + 1);
   TETRA_CHECK((warps + kWarps - 1) / kWarps <= INT32_MAX, op, ": too many heads for one launch");
   launch_kernel(launch, mla_rope_cache_kernel, unsigned((warps + kWarps - 1) / kWarps), kWarps * 32, 0, a);
