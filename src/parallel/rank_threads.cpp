@@ -4,8 +4,8 @@
 
 namespace tetra::parallel {
 
-RankThreads::RankThreads(int n_ranks, std::function<void(const std::string&)> on_failure)
-    : on_failure_(std::move(on_failure)) {
+RankThreads::RankThreads(int n_ranks, std::function<void(const std::string&)> on_failure, int first_rank)
+    : on_failure_(std::move(on_failure)), first_rank_(first_rank) {
   TETRA_CHECK(n_ranks >= 1, "a model needs at least one rank");
   for (int r = 1; r < n_ranks; ++r) workers_.emplace_back([this, r] { worker_loop(r); });
 }
@@ -37,7 +37,7 @@ void RankThreads::call(int rank) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!first_error_) first_error_ = error, first = true;
   }
-  if (first && on_failure_) on_failure_(str_cat("rank ", rank, " failed: ", what));
+  if (first && on_failure_) on_failure_(str_cat("rank ", first_rank_ + rank, " failed: ", what));
 }
 
 void RankThreads::worker_loop(int rank) {

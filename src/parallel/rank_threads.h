@@ -16,8 +16,9 @@ namespace tetra::parallel {
 class RankThreads {
  public:
   // on_failure(reason) is called once a rank throws, while the others may still be waiting
-  // in a collective: it aborts their communicators.
-  RankThreads(int n_ranks, std::function<void(const std::string&)> on_failure);
+  // in a collective: it aborts their communicators. Reasons name rank first_rank + r (a
+  // node's ranks of several nodes carry global numbers).
+  RankThreads(int n_ranks, std::function<void(const std::string&)> on_failure, int first_rank = 0);
   ~RankThreads();
   RankThreads(const RankThreads&) = delete;
   RankThreads& operator=(const RankThreads&) = delete;
@@ -31,6 +32,7 @@ class RankThreads {
   void call(int rank);
 
   std::function<void(const std::string&)> on_failure_;
+  int first_rank_ = 0;
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable wake_, done_;

@@ -33,8 +33,11 @@ ModelRanks::ModelRanks(std::vector<std::unique_ptr<ops::Backend>> backends,
   for (auto& m : own_models_) models_.push_back(m.get());
   TETRA_CHECK(nodes_ ? first_rank_ == nodes_->node_rank() * size() : first_rank_ == 0,
               "a node's ranks start at its node rank times the ranks a node");
-  if (size() > 1)
-    threads_ = std::make_unique<parallel::RankThreads>(size(), [this](const std::string& reason) { abort(reason); });
+  // A node's single rank of several nodes takes the threads too: its failure must end the
+  // others' collectives as any rank's does.
+  if (size() > 1 || nodes_)
+    threads_ = std::make_unique<parallel::RankThreads>(
+        size(), [this](const std::string& reason) { abort(reason); }, first_rank_);
   if (nodes_) nodes_->on_abort([this](const std::string& reason) { abort(reason); });
 }
 
@@ -58,22 +61,11 @@ std::string ModelRanks::failure() const {
 }
 
 void ModelRanks::run(const std::function<void(int)>& fn) {
-  if (!threads_ && !nodes_) {
+  if (!threads_) {
     backends_[0]->make_current();
     return fn(0);
   }
   if (const std::string why = failure(); !why.empty()) fail("the ranks stopped after a failure (", why, ")");
-  if (!threads_) {
-    // This node's one rank of several nodes: its failure ends the others' collectives too.
-    backends_[0]->make_current();
-    try {
-      fn(0);
-    } catch (const std::exception& e) {
-      abort(e.what());
-      throw;
-    }
-    return;
-  }
   threads_->run([&](int r) {
     backends_[size_t(r)]->make_current();
     fn(r);

@@ -79,7 +79,7 @@ class ModelRanks {
   std::vector<std::unique_ptr<ops::Communicator>> comms_;
   std::vector<ops::Backend*> backends_;
   std::vector<model::Model*> models_;
-  std::unique_ptr<parallel::RankThreads> threads_;  // null with one rank
+  std::unique_ptr<parallel::RankThreads> threads_;  // null with one rank on one node
   mutable std::mutex failure_mu_;
   std::string failure_;  // why the group was aborted; empty while it stands
 };
