@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "parallel/host_sum.h"
 #include "parallel/rank_barrier.h"
 
 namespace tetra::parallel {
@@ -46,18 +47,13 @@ class CpuCommunicator : public ops::Communicator {
     const int64_t begin = n * rank_ / ranks, end = n * (rank_ + 1) / ranks;
     for (int64_t i = begin; i < end; ++i) {
       float acc = 0.0f;
-      for (int r = 0; r < ranks; ++r) acc += load(s_->sources[size_t(r)], i);
+      for (int r = 0; r < ranks; ++r) acc += host_value(s_->sources[size_t(r)].data, s_->sources[size_t(r)].dtype, i);
       s_->sum[size_t(i)] = acc;
     }
     s_->barrier.wait();
     // ... then each copies the whole sum into its own tensor. The next collective's first
     // barrier keeps `sum` until every rank has copied it.
-    if (x.dtype == DType::F32) {
-      std::memcpy(x.data, s_->sum.data(), size_t(n) * 4);
-    } else {
-      uint16_t* dst = x.as<uint16_t>();
-      for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(s_->sum[size_t(i)]);
-    }
+    store_sum(x, s_->sum.data());
   }
 
   void all_gather(const ops::Context&, TensorView x, TensorView out) override {
@@ -80,10 +76,6 @@ class CpuCommunicator : public ops::Communicator {
   }
 
  private:
-  static float load(const TensorView& t, int64_t i) {
-    return t.dtype == DType::F32 ? t.as<const float>()[i] : bf16_to_f32(t.as<const uint16_t>()[i]);
-  }
-
   std::shared_ptr<Shared> s_;
   int rank_;
 };

@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "parallel/host_sum.h"
 
 namespace tetra::parallel {
 namespace {
@@ -51,14 +52,9 @@ class TcpCommunicator : public ops::Communicator {
     std::vector<float> sum(size_t(n), 0.0f);
     for (int r = 0; r < size_; ++r) {
       const void* src = r == rank_ ? x.data : received_[size_t(r)].data();
-      for (int64_t i = 0; i < n; ++i) sum[size_t(i)] += load(src, x.dtype, i);
+      for (int64_t i = 0; i < n; ++i) sum[size_t(i)] += host_value(src, x.dtype, i);
     }
-    if (x.dtype == DType::F32) {
-      std::memcpy(x.data, sum.data(), size_t(n) * 4);
-    } else {
-      uint16_t* dst = x.as<uint16_t>();
-      for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(sum[size_t(i)]);
-    }
+    store_sum(x, sum.data());
   }
 
   void all_gather(const ops::Context&, TensorView x, TensorView out) override {
@@ -81,10 +77,6 @@ class TcpCommunicator : public ops::Communicator {
   std::vector<TcpSocket>& peers() { return peers_; }
 
  private:
-  static float load(const void* p, DType d, int64_t i) {
-    return d == DType::F32 ? static_cast<const float*>(p)[i] : bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-  }
-
   [[noreturn]] void abandoned(const std::string& why) {
     const std::string reason = abort_->why();
     fail("a collective was abandoned: ", reason.empty() ? why : reason);
