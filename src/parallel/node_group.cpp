@@ -36,6 +36,21 @@ int parse_int(const std::string& s, const char* what) {
   return int(v);
 }
 
+// The first (name, value) where node `rank`'s hello (after its 3 leading fields) differs from
+// node 0's fingerprint, as the sentence that refuses it; empty when they agree.
+std::string fingerprint_difference(int rank, const std::vector<std::string>& hello, const Fingerprint& mine) {
+  const size_t theirs = (hello.size() - 3) / 2;
+  for (size_t i = 0; i < std::max(theirs, mine.size()); ++i) {
+    const std::string key = i < theirs ? hello[3 + 2 * i] : mine[i].first;
+    const std::string ours = i < mine.size() && mine[i].first == key ? mine[i].second : "(none)";
+    const std::string their = i < theirs ? hello[4 + 2 * i] : "(none)";
+    if (ours != their)
+      return str_cat("node ", rank, " has ", key, " ", their, " where node 0 has ", ours,
+                     ": every node must be started with the same model and flags");
+  }
+  return {};
+}
+
 }  // namespace
 
 void check_node_options(const NodeOptions& o, int world) {
@@ -136,16 +151,7 @@ std::unique_ptr<NodeGroup> NodeGroup::join(const NodeOptions& o, const Fingerpri
         refusal = str_cat("two nodes joined as node ", rank, " (", g->links_[size_t(rank - 1)]->sock.peer(),
                           " and ", s.peer(), ")");
       } else {
-        const size_t theirs = (hello.size() - 3) / 2;
-        for (size_t i = 0; i < std::max(theirs, fingerprint.size()) && refusal.empty(); ++i) {
-          const std::string key = i < theirs ? hello[3 + 2 * i] : fingerprint[i].first;
-          const std::string mine = i < fingerprint.size() && fingerprint[i].first == key ? fingerprint[i].second
-                                                                                        : "(none)";
-          const std::string their = i < theirs ? hello[4 + 2 * i] : "(none)";
-          if (mine != their)
-            refusal = str_cat("node ", rank, " has ", key, " ", their, " where node 0 has ", mine,
-                              ": every node must be started with the same model and flags");
-        }
+        refusal = fingerprint_difference(rank, hello, fingerprint);
       }
       if (!refusal.empty()) {
         try {
