@@ -5,7 +5,8 @@
 // K/V row brought to shared memory serves the whole GQA group, and a decode token of a group
 // of 8 heads fills half of one m16n8k16 tile instead of one row of it.
 //
-// One kernel, two configurations (attention_mma_kernel, shapes in DecodeTile / PrefillTile):
+// One kernel, two configurations (attention_mma_kernel, shapes in DecodeTile / PrefillTile),
+// and a wgmma kernel for prefill of a BF16 cache at head dim 128 (attention_gqa_wgmma.cu):
 // - Decode (a sequence's rows fit 16): the warps of a block share the 16 rows and split each
 //   64-key tile between them, then merge their softmax states. The keys of a (sequence, KV
 //   head) are also split over enough blocks to fill the GPU even for one sequence
@@ -33,8 +34,8 @@
 #include <climits>
 #include <cmath>
 
-#include "core/fast_divide.h"
 #include "ops/cuda/attention_fp8_layout.h"
+#include "ops/cuda/attention_gqa_internal.cuh"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_values.cuh"
 #include "ops/cuda/launch.cuh"
@@ -46,19 +47,8 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxHeadDim = 256;
 
-// Everything a kernel reads: the caller's parameters and the host's plan.
-struct KernelArgs {
-  PagedAttentionParams p;
-  int group;             // query heads per KV head
-  int n_splits;          // key ranges per work item (1: the kernel writes `out` itself)
-  int keys_per_split;    // a multiple of the key tile; the last split runs to the end
-  int key_cap;           // max_blocks_per_seq * block_size: no key past the block table row
-  float scale_log2;      // scale * log2(e) (* k_scale for an FP8 cache): the softmax runs on exp2
-  float v_scale;         // an FP8 cache's v_scale (1 for BF16): the output's factor
-  FastDivisor block;     // p.block_size: a key's block-table entry and offset without a division
-  float* partial_acc;    // [n_tokens, n_heads, n_splits, d_v]: unnormalized sums of p * v
-  float2* partial_ml;    // [n_tokens, n_heads, n_splits]: running max (log2 units), sum of p
-};
+using gqa::KernelArgs;
+using gqa::slot_of;
 
 // A block's tiles: kBlockN keys at a time, kStages K/V tiles in shared memory (kStages - 1
 // in flight while one is computed). Prefill (kSplitKeys false): each warp owns 16 query rows
@@ -108,12 +98,6 @@ struct TileShape {
   static_assert(!kSplitKeys || kWarps * 16 * kMergeRowFloats * 4 <= kSlotsOffset - kQBytes,
                 "the merge fits in the K/V tiles");
 };
-
-__device__ __forceinline__ int slot_of(const KernelArgs& a, int seq, int key) {
-  const uint32_t index = a.block.quotient(uint32_t(key));
-  const int block = a.p.block_tables[int64_t(seq) * a.p.max_blocks_per_seq + index];
-  return block * a.p.block_size + int(a.block.remainder(uint32_t(key), index));
-}
 
 // ---- the mma kernel ----
 
@@ -966,8 +950,10 @@ PagedAttentionPlan make_plan(const PagedAttentionParams& p, int sm_count) {
   plan.head_dim_tile = d <= 64 ? 64 : d <= 128 ? 128 : 256;
   const int64_t rows = int64_t(p.max_query_len) * (p.n_heads / p.n_kv_heads);
   const bool decode = rows <= kDecodeRows;
-  plan.path = decode ? PagedAttentionPath::Decode : PagedAttentionPath::Prefill;
-  const TileGeometry tile = tile_geometry(plan.head_dim_tile, decode, p.fp8_cache);
+  const bool wgmma = !decode && !p.fp8_cache && p.d_k == gqa::kWgmmaHeadDim && p.d_v == gqa::kWgmmaHeadDim;
+  plan.path = decode ? PagedAttentionPath::Decode : wgmma ? PagedAttentionPath::PrefillWgmma : PagedAttentionPath::Prefill;
+  const TileGeometry tile = wgmma ? TileGeometry{gqa::kWgmmaRows, gqa::kWgmmaKeys, gqa::kWgmmaBlocksPerSm}
+                                  : tile_geometry(plan.head_dim_tile, decode, p.fp8_cache);
   const int64_t n_row_tiles = ceil_div(rows, tile.rows);
   TETRA_CHECK(n_row_tiles <= INT_MAX, "paged_attention: ", rows, " query rows per sequence is too many");
   plan.n_row_tiles = int(n_row_tiles);
@@ -1085,7 +1071,8 @@ void paged_attention(const KernelLaunch& launch, const PagedAttentionParams& p, 
     TETRA_CUDA_CHECK_LAUNCH("paged_attention fallback");
     return;
   }
-  launch_tiles(launch, a, plan);
+  if (plan.path == PagedAttentionPath::PrefillWgmma) gqa::launch_prefill_wgmma(launch, a, plan);
+  else launch_tiles(launch, a, plan);
   if (plan.n_splits > 1) {
     launch_kernel(launch, combine_splits_kernel, unsigned(int64_t(p.n_tokens) * p.n_heads), kCombineWarps * 32, 0, a);
     TETRA_CUDA_CHECK_LAUNCH("paged_attention combine");

@@ -71,6 +71,12 @@ __device__ __forceinline__ void mma_rs(float (&d)[64], const uint32_t (&a)[4], u
                : TETRA_ACC32(0), TETRA_ACC32(32)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
+// The same with B MN-major (N contiguous; desc_mn_major): attention's P V, V's rows being keys.
+__device__ __forceinline__ void mma_rs_mn(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" TETRA_D64 "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 1;"
+               : TETRA_ACC32(0), TETRA_ACC32(32)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
 __device__ __forceinline__ void mma_rs(float (&d)[96], const uint32_t (&a)[4], uint64_t b) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {" TETRA_D96 "}, {%96, %97, %98, %99}, %100, 1, 1, 1, 0;"
                : TETRA_ACC32(0), TETRA_ACC32(32), TETRA_ACC32(64)

@@ -92,7 +92,7 @@ struct SeqSpec {
   int n_new;    // its tokens in the batch: positions context - n_new .. context - 1
 };
 
-enum class Expect : uint8_t { Any, Decode, Prefill, Fallback };
+enum class Expect : uint8_t { Any, Decode, Prefill, PrefillWgmma, Fallback };
 
 struct AttnCase {
   const char* name;
@@ -116,6 +116,7 @@ const char* path_name(PagedAttentionPath p) {
   switch (p) {
     case PagedAttentionPath::Decode: return "decode";
     case PagedAttentionPath::Prefill: return "prefill";
+    case PagedAttentionPath::PrefillWgmma: return "wgmma";
     case PagedAttentionPath::Fallback: return "fallback";
   }
   return "?";
@@ -334,6 +335,7 @@ void check_plan(const AttnCase& c, const PagedAttentionPlan& plan) {
     case Expect::Any: break;
     case Expect::Decode: EXPECT_EQ(plan.path, PagedAttentionPath::Decode); break;
     case Expect::Prefill: EXPECT_EQ(plan.path, PagedAttentionPath::Prefill); break;
+    case Expect::PrefillWgmma: EXPECT_EQ(plan.path, PagedAttentionPath::PrefillWgmma); break;
     case Expect::Fallback: EXPECT_EQ(plan.path, PagedAttentionPath::Fallback); break;
   }
   EXPECT_GE(plan.n_splits, c.min_splits) << "the keys are split " << plan.n_splits << " ways";
@@ -407,17 +409,27 @@ std::vector<AttnCase> all_cases() {
       {"decode_160_seqs", 32, 4, 128, 128, 16, {}, E::Decode},
       // Speculative-style decodes: 4 tokens x group 4 = 16 rows still fit one decode tile.
       {"decode_4_tokens", 16, 4, 128, 128, 16, {{500, 4}, {64, 4}, {2000, 4}}, E::Decode},
-      {"prefill_300", 8, 2, 128, 128, 16, {{300, 300}}, E::Prefill},
-      {"prefill_prefix_cached", 8, 2, 128, 128, 16, {{200, 77}}, E::Prefill},
+      {"prefill_300", 8, 2, 128, 128, 16, {{300, 300}}, E::PrefillWgmma},
+      {"prefill_prefix_cached", 8, 2, 128, 128, 16, {{200, 77}}, E::PrefillWgmma},
       // Nine sequences: long decodes, chunks crossing block boundaries, a 1-token context,
       // a 2-token decode; the few row tiles split the long contexts.
       {"mixed_9_seqs", 16, 4, 128, 128, 16,
        {{5000, 1}, {52, 37}, {100, 100}, {3000, 1}, {1, 1}, {264, 64}, {2049, 1}, {700, 2}, {17, 17}},
-       E::Prefill, 2},
-      {"mixed_sharp_softmax", 16, 4, 128, 128, 16, {{5000, 1}, {52, 37}, {3000, 1}, {264, 64}}, E::Prefill,
+       E::PrefillWgmma, 2},
+      {"mixed_sharp_softmax", 16, 4, 128, 128, 16, {{5000, 1}, {52, 37}, {3000, 1}, {264, 64}}, E::PrefillWgmma,
        1, false, 4.0f},
       {"empty_sequence", 8, 2, 64, 64, 16, {{40, 3}, {10, 0}, {90, 20}}, E::Prefill},
-      {"prefill_2048", 32, 4, 128, 128, 16, {{2048, 2048}}, E::Prefill},
+      {"prefill_2048", 32, 4, 128, 128, 16, {{2048, 2048}}, E::PrefillWgmma},
+      // The wgmma prefill's awkward shapes: a group of 3 (row tiles cut a token's heads), KV
+      // blocks of 1 and 7 keys (tiles across blocks), an empty sequence, few row tiles over
+      // long contexts (split keys), a softmax sharp enough that a row's maximum jumps by more
+      // than the kernel's rescale slack within a prompt.
+      {"wgmma_group_3", 12, 4, 128, 128, 16, {{300, 130}, {77, 77}, {5, 1}}, E::PrefillWgmma},
+      {"wgmma_block_size_7", 16, 4, 128, 128, 7, {{600, 200}, {100, 40}, {33, 1}}, E::PrefillWgmma},
+      {"wgmma_block_size_1", 8, 2, 128, 128, 1, {{300, 150}}, E::PrefillWgmma},
+      {"wgmma_empty_sequence", 8, 2, 128, 128, 16, {{40, 3}, {10, 0}, {90, 20}}, E::PrefillWgmma},
+      {"wgmma_long_split", 32, 4, 128, 128, 16, {{6000, 64}, {3000, 17}}, E::PrefillWgmma, 2},
+      {"wgmma_sharper_softmax", 32, 4, 128, 128, 16, {{1500, 700}}, E::PrefillWgmma, 1, false, 12.0f},
       {"dk192_dv128_prefill", 16, 4, 192, 128, 16, small_mix(), E::Prefill},
       {"dk192_dv128_decode", 16, 4, 192, 128, 16, {{3000, 1}, {70, 1}}, E::Decode, 2},
       {"d256_decode_long", 8, 1, 256, 256, 16, {{6000, 1}}, E::Decode, 8},
@@ -432,13 +444,14 @@ std::vector<AttnCase> all_cases() {
   for (int d : {8, 20, 24, 32, 64, 128, 256}) {
     const std::string dim = "dim_" + std::to_string(d);
     const bool mma = d % 8 == 0;
-    cases.push_back({keep_name(dim + "_mix"), 8, 2, d, d, 16, small_mix(), mma ? E::Prefill : E::Fallback});
+    const Expect prefill = d == 128 ? E::PrefillWgmma : E::Prefill;
+    cases.push_back({keep_name(dim + "_mix"), 8, 2, d, d, 16, small_mix(), mma ? prefill : E::Fallback});
     cases.push_back({keep_name(dim + "_decode"), 8, 2, d, d, 16, small_decodes(), mma ? E::Decode : E::Fallback});
   }
   // GQA groups 1 .. 16.
   for (auto [h, kv] : {std::pair{8, 8}, {8, 4}, {16, 4}, {32, 4}, {32, 2}}) {
     const std::string group = "group_" + std::to_string(h / kv);
-    cases.push_back({keep_name(group + "_mix"), h, kv, 128, 128, 16, small_mix(), E::Prefill});
+    cases.push_back({keep_name(group + "_mix"), h, kv, 128, 128, 16, small_mix(), E::PrefillWgmma});
     cases.push_back({keep_name(group + "_decode"), h, kv, 128, 128, 16, small_decodes(), E::Decode});
   }
   // Block sizes: 1 and 7 put almost every key tile across blocks; 64 holds whole tiles.
@@ -468,6 +481,7 @@ std::vector<AttnCase> all_cases() {
     c.k_scale = 0.37f;
     c.v_scale = 1.7f;
     if (std::string(name) == "dim_24_decode") c.expect = E::Fallback;
+    if (c.expect == E::PrefillWgmma) c.expect = E::Prefill;  // the mma.sync kernel widens FP8 tiles
     cases.push_back(c);
   }
   return cases;
@@ -482,7 +496,8 @@ TEST(AttentionCudaGraph, CaptureReplaysBitExact) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int sm_count = device_sm_count();
   for (const AttnCase& c : {AttnCase{"graph_decode_split", 32, 4, 128, 128, 16, {{20000, 1}, {3000, 1}}},
-                            AttnCase{"graph_mixed", 16, 4, 64, 64, 16, small_mix()}}) {
+                            AttnCase{"graph_mixed", 16, 4, 64, 64, 16, small_mix()},
+                            AttnCase{"graph_wgmma_split", 32, 4, 128, 128, 16, {{6000, 64}, {300, 300}}}}) {
     SCOPED_TRACE(c.name);
     const HostBatch b = make_batch(c, name_seed(c.name));
     DeviceBatch d(b, false);
@@ -615,6 +630,17 @@ TEST(AttentionCudaTiming, DecodeFewSeqs8192) {
 TEST(AttentionCudaTiming, Prefill4096) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   time_case(AttnCase{"prefill_1x4096", 32, 4, 128, 128, 16, {{4096, 4096}}}, true);
+}
+
+// One 8,192-token prompt of Qwen3-30B-A3B's shape (the TTFT goal's), BF16 on the wgmma kernel
+// and an FP8 cache on the mma.sync kernel.
+TEST(AttentionCudaTiming, Prefill8192) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  for (const bool fp8 : {false, true}) {
+    AttnCase c{fp8 ? "fp8_prefill_1x8192" : "prefill_1x8192", 32, 4, 128, 128, 16, {{8192, 8192}}};
+    c.fp8 = fp8;
+    time_case(c, true);
+  }
 }
 
 // --kv-cache-dtype fp8_e4m3: the CUDA backend keeps an E4M3 cache for GQA attention; its MLA
