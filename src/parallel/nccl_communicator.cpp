@@ -125,9 +125,14 @@ std::vector<std::unique_ptr<ops::Communicator>> make_nccl_communicators(const st
   // This node's ranks join in one group call, so one thread can start them all.
   std::vector<ncclComm_t> comms(static_cast<size_t>(n));
   check(lib.group_start(), "group start");
-  for (int i = 0; i < n; ++i) {
-    if (cudaSetDevice(devices[size_t(i)]) != cudaSuccess) fail("cudaSetDevice(", devices[size_t(i)], ") failed");
-    check(lib.comm_init_rank(&comms[size_t(i)], world, id, first_rank + i), "communicator setup (ncclCommInitRank)");
+  try {
+    for (int i = 0; i < n; ++i) {
+      if (cudaSetDevice(devices[size_t(i)]) != cudaSuccess) fail("cudaSetDevice(", devices[size_t(i)], ") failed");
+      check(lib.comm_init_rank(&comms[size_t(i)], world, id, first_rank + i), "communicator setup (ncclCommInitRank)");
+    }
+  } catch (...) {
+    lib.group_end();  // a group left open would swallow this thread's next NCCL calls
+    throw;
   }
   check(lib.group_end(), "communicator setup across nodes (ncclGroupEnd)");
   std::vector<std::unique_ptr<ops::Communicator>> out;

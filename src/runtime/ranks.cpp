@@ -253,7 +253,8 @@ RankSteps::RankSteps(ModelRanks& ranks, int block_size, StepCapacity capacity) :
 RankSteps::~RankSteps() = default;
 
 void RankSteps::freeze() {
-  for (auto& s : ranks_state_) s.arena->freeze();
+  // Freezing may replace an arena's chunks with one: each rank's on its own device.
+  ranks_.each_in_turn([&](int r) { ranks_state_[size_t(r)].arena->freeze(); });
 }
 
 void RankSteps::forward(const std::vector<SeqChunk>& chunks, const RankCaches& caches, TensorView logits,
