@@ -60,7 +60,8 @@ int cmd_eval(int argc, char** argv) {
   CLI::App app{"Perplexity of a model over a text; with --ref, KL divergence and top-1 "
                "agreement against a reference model.", "tetra eval"};
   app.option_defaults()->always_capture_default();
-  std::string model_dir, text_file, ref_dir, ids_file, hf_overrides, ref_kv_cache_dtype = "auto";
+  std::string model_dir, text_file, ref_dir, ids_file, hf_overrides, ref_kv_cache_dtype = "auto",
+                                                                ref_moe_activation_dtype = "auto";
   int64_t window = 512;
   DeviceFlags dev;
   bool json = false;
@@ -74,6 +75,9 @@ int cmd_eval(int argc, char** argv) {
   app.add_option("--ref-kv-cache-dtype", ref_kv_cache_dtype,
                  "the KV cache dtype of --ref (auto or fp8_e4m3): --kv-cache-dtype fp8_e4m3 with the default "
                  "measures the FP8 cache against the model's own");
+  app.add_option("--ref-moe-activation-dtype", ref_moe_activation_dtype,
+                 "the expert activations of --ref (auto or fp8_e4m3): --moe-activation-dtype fp8_e4m3 with the "
+                 "default measures W4A8 against the model's W4A16");
   add_hf_overrides_flag(app, hf_overrides)->description(
       "a JSON object merged into the config.json of --model and of --ref before it is read, e.g. "
       "'{\"num_hidden_layers\": 6}' (nested objects merge key by key)");
@@ -117,11 +121,13 @@ int cmd_eval(int argc, char** argv) {
 
   const ops::BackendOptions backend = backend_options(dev);
   ops::BackendOptions ref_backend = backend;
-  ref_backend.kv_cache_dtype = ops::parse_kv_cache_dtype(ref_kv_cache_dtype, "--ref-kv-cache-dtype");
+  ref_backend.kv_cache_dtype = ops::parse_auto_or_fp8(ref_kv_cache_dtype, "--ref-kv-cache-dtype");
+  ref_backend.moe_activation_dtype = ops::parse_auto_or_fp8(ref_moe_activation_dtype, "--ref-moe-activation-dtype");
   std::unique_ptr<model::Model> unused;
   auto model = load(dir, backend, par, nullptr, unused, hf_overrides);
-  // One rank and the same KV dtype: the reference shares the model's backend; else its own.
-  const bool share = par.world() == 1 && ref_backend.kv_cache_dtype == backend.kv_cache_dtype;
+  // One rank and the same dtypes: the reference shares the model's backend; else its own.
+  const bool share = par.world() == 1 && ref_backend.kv_cache_dtype == backend.kv_cache_dtype &&
+                     ref_backend.moe_activation_dtype == backend.moe_activation_dtype;
   std::unique_ptr<model::Model> ref_model;
   std::unique_ptr<runtime::ModelRanks> ref;
   if (!ref_dir.empty()) ref = load(ref_dir, ref_backend, par, share ? &model->backend() : nullptr, ref_model,

@@ -333,6 +333,7 @@ int cmd_serve(int argc, char** argv) {
       {"--load-format", dev.load_format},
       {"--hf-overrides", hf_overrides},
       {"--kv-cache-dtype", dev.kv_cache_dtype},
+      {"--moe-activation-dtype", dev.moe_activation_dtype},
       {"--kv-memory", std::to_string(engine_config.kv_memory_bytes)},
       {"--chunked-prefill-size", std::to_string(engine_config.chunked_prefill_size)},
       {"--max-running-requests", std::to_string(engine_config.max_running_requests)},

@@ -20,8 +20,11 @@ void add_device_flags(CLI::App& app, DeviceFlags& flags, bool load_format) {
   // Checked by backend_options, so a bad value is the flag's one sentence, not CLI11's.
   app.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
                  "the paged KV cache's element type: auto (the backend's own: F32 on the CPU, BF16 on the "
-                 "GPU) or fp8_e4m3 (E4M3 bytes with a per-layer scale for K and V; half BF16's bytes; CPU only "
-                 "so far)");
+                 "GPU) or fp8_e4m3 (E4M3 bytes with a per-layer scale for K and V; half BF16's bytes; on the GPU "
+                 "for GQA models so far)");
+  app.add_option("--moe-activation-dtype", flags.moe_activation_dtype,
+                 "the activations NVFP4 experts multiply: auto (the model's own, W4A16) or fp8_e4m3 (W4A8: E4M3 "
+                 "with a scale per token per 128 channels; the CPU reference only so far)");
 }
 
 CLI::Option* add_hf_overrides_flag(CLI::App& app, std::string& overrides) {
@@ -42,7 +45,8 @@ ops::BackendOptions backend_options(const DeviceFlags& flags) {
   o.device = flags.device;
   o.n_threads = flags.threads;
   o.pdl = !flags.disable_pdl;
-  o.kv_cache_dtype = ops::parse_kv_cache_dtype(flags.kv_cache_dtype);
+  o.kv_cache_dtype = ops::parse_auto_or_fp8(flags.kv_cache_dtype, "--kv-cache-dtype");
+  o.moe_activation_dtype = ops::parse_auto_or_fp8(flags.moe_activation_dtype, "--moe-activation-dtype");
   o.moe_tune_cache = moe_tune_cache_path();
   const char* autotune = std::getenv("TETRA_MOE_AUTOTUNE");
   o.moe_autotune = !(autotune && std::string(autotune) == "0");

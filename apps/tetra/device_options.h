@@ -1,5 +1,5 @@
 // The flags every command that loads a model shares (--device, --load-format, --hf-overrides,
-// --disable-pdl, --kv-cache-dtype) and what the environment says about the backend (the MoE tuning cache).
+// --disable-pdl, --kv-cache-dtype, --moe-activation-dtype) and what the environment says about the backend (the MoE tuning cache).
 // Commands read the environment here; ops never do.
 #pragma once
 
@@ -19,10 +19,12 @@ struct DeviceFlags {
   std::string load_format = "auto";  // auto: the checkpoint's safetensors; dummy: random weights
   int threads = 0;                   // CPU backend threads
   bool disable_pdl = false;          // GPU: kernels launch without programmatic dependent launch
-  std::string kv_cache_dtype = "auto";  // auto (the backend's own) or fp8_e4m3 (CPU only so far)
+  std::string kv_cache_dtype = "auto";  // auto (the backend's own) or fp8_e4m3
+  std::string moe_activation_dtype = "auto";  // auto (W4A16 for NVFP4 experts) or fp8_e4m3 (W4A8)
 };
 
-// Adds --device, --threads, --disable-pdl and --kv-cache-dtype (and --load-format) to a command.
+// Adds --device, --threads, --disable-pdl, --kv-cache-dtype and --moe-activation-dtype (and
+// --load-format) to a command.
 void add_device_flags(CLI::App& app, DeviceFlags& flags, bool load_format = true);
 
 // Adds --hf-overrides (SGLang's --json-model-override-args): a JSON object merged into

@@ -48,7 +48,7 @@ int cuda_device_count() {
 #endif
 }
 
-std::optional<DType> parse_kv_cache_dtype(const std::string& text, const std::string& flag) {
+std::optional<DType> parse_auto_or_fp8(const std::string& text, const std::string& flag) {
   if (text == "auto") return std::nullopt;
   if (text == "fp8_e4m3" || text == "fp8") return DType::F8_E4M3;
   fail(flag, " must be auto or fp8_e4m3, not '", text, "'");
@@ -58,8 +58,11 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& o) {
   TETRA_CHECK(o.device == "cpu" || o.device == "cuda" || o.device == "auto", "--device must be cpu, cuda or auto, not '",
               o.device, "'");
   const bool cuda = o.device == "cuda" || (o.device == "auto" && cuda_device_available());
-  if (!cuda) return make_cpu_backend(o.n_threads, o.kv_cache_dtype.value_or(DType::F32));
+  if (!cuda) return make_cpu_backend(o.n_threads, o.kv_cache_dtype.value_or(DType::F32),
+                                     o.moe_activation_dtype.value_or(DType::F32));
 #ifdef TETRA_HAVE_CUDA
+  TETRA_CHECK(!o.moe_activation_dtype, "--moe-activation-dtype fp8_e4m3: the W4A8 expert kernels are not on the GPU "
+              "yet; --device cpu runs the reference to measure its accuracy (tetra eval)");
   return cuda::make_cuda_backend({.device_index = o.device_index,
                                   .moe_tune_cache = o.moe_tune_cache,
                                   .moe_autotune = o.moe_autotune,

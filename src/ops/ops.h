@@ -439,8 +439,10 @@ class Arena {
   bool frozen_ = false;
 };
 
-// kv_dtype: F32 (the default, `auto`) or F8_E4M3.
-std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0, DType kv_dtype = DType::F32);
+// kv_dtype: F32 (the default, `auto`) or F8_E4M3. moe_activation_dtype: F32 (`auto`) or
+// F8_E4M3 (W4A8: NVFP4 experts take E4M3 activations; ops/cpu/w4a8.cpp).
+std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0, DType kv_dtype = DType::F32,
+                                          DType moe_activation_dtype = DType::F32);
 
 // The backend a command runs on (--device): "cpu", "cuda", or "auto" (cuda where a GPU
 // answers, else cpu).
@@ -454,10 +456,14 @@ struct BackendOptions {
   // --kv-cache-dtype: none is `auto` (the backend's own: F32 on the CPU, BF16 on CUDA);
   // F8_E4M3 is `fp8_e4m3` (on CUDA for GQA models so far: its MLA ops refuse it).
   std::optional<DType> kv_cache_dtype;
+  // --moe-activation-dtype: none is `auto` (the activations' own dtype, W4A16 for NVFP4
+  // experts); F8_E4M3 runs NVFP4 experts as W4A8 (the CPU reference only so far).
+  std::optional<DType> moe_activation_dtype;
 };
-// The --kv-cache-dtype value ("auto" -> none, "fp8_e4m3" or vLLM's alias "fp8" -> F8_E4M3);
-// any other text is one sentence naming `flag`.
-std::optional<DType> parse_kv_cache_dtype(const std::string& text, const std::string& flag = "--kv-cache-dtype");
+// The value of a flag that takes auto or fp8_e4m3 (--kv-cache-dtype, --moe-activation-dtype):
+// "auto" -> none, "fp8_e4m3" or vLLM's alias "fp8" -> F8_E4M3; any other text is one sentence
+// naming `flag`.
+std::optional<DType> parse_auto_or_fp8(const std::string& text, const std::string& flag);
 // Throws one sentence when the device asked for is not there (e.g. cuda without a GPU or
 // in a build without CUDA).
 std::unique_ptr<Backend> make_backend(const BackendOptions& options);

@@ -368,6 +368,29 @@ TEST_F(EvalIds, Fp8KvCacheAgainstTheModelsOwnCache) {
                      "--ref-kv-cache-dtype must be auto or fp8_e4m3, not 'e5m2'");
 }
 
+// eval --moe-activation-dtype fp8_e4m3 --ref the same NVFP4 folder: the reference keeps W4A16
+// (--ref-moe-activation-dtype auto), so the KL is W4A8's cost, small but not zero. BF16 experts
+// have nothing to run as W4A8: one sentence, not a silent no-op.
+TEST_F(EvalIds, W4a8ExpertsAgainstTheModelsW4a16) {
+  const std::string nvfp4 = kFixture.string() + "-nvfp4";
+  auto eval_nvfp4 = [&](const std::string& flags) {
+    return run_cli("eval --model " + nvfp4 + " --ids " + ids_.string() + " --threads 1 --device cpu --window 6 --json " +
+                   flags);
+  };
+  expect_in_every_engine_help("--moe-activation-dtype");
+  const auto r = eval_nvfp4("--moe-activation-dtype fp8_e4m3 --ref " + nvfp4);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto got = nlohmann::json::parse(r.out);
+  EXPECT_GT(got["mean_kl"].get<double>(), 0.0);
+  EXPECT_LT(got["mean_kl"].get<double>(), 1e-1);
+  const auto same = eval_nvfp4("--moe-activation-dtype fp8_e4m3 --ref-moe-activation-dtype fp8 --ref " + nvfp4);
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_NEAR(nlohmann::json::parse(same.out)["mean_kl"].get<double>(), 0.0, 1e-9);
+  expect_clear_error(eval("--device cpu --moe-activation-dtype fp8_e4m3"),
+                     "--moe-activation-dtype fp8_e4m3 (W4A8) takes NVFP4 experts");
+  expect_clear_error(eval("--moe-activation-dtype int8"), "--moe-activation-dtype must be auto or fp8_e4m3, not 'int8'");
+}
+
 // The README's main model (models/demo, tools/demo_model/) writes English: on its held-out text
 // (none of it seen in training) the BF16 model's perplexity is far below a random model's 4,096,
 // and its NVFP4 twin stays close to it. On the first 20,000 bytes, measured 2026-12-02:

@@ -286,10 +286,11 @@ TEST_F(CpuOps, PagedAttentionOverAnFp8CacheMatchesItsDequantizedValues) {
 }
 
 TEST_F(CpuOps, KvCacheDtypeFlagValues) {
-  EXPECT_FALSE(parse_kv_cache_dtype("auto").has_value());
-  EXPECT_EQ(parse_kv_cache_dtype("fp8_e4m3"), DType::F8_E4M3);
+  EXPECT_FALSE(parse_auto_or_fp8("auto", "--kv-cache-dtype").has_value());
+  EXPECT_EQ(parse_auto_or_fp8("fp8_e4m3", "--kv-cache-dtype"), DType::F8_E4M3);
+  EXPECT_EQ(parse_auto_or_fp8("fp8", "--kv-cache-dtype"), DType::F8_E4M3);
   try {
-    parse_kv_cache_dtype("fp4");
+    parse_auto_or_fp8("fp4", "--kv-cache-dtype");
     FAIL() << "fp4 was taken";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--kv-cache-dtype must be auto or fp8_e4m3"), std::string::npos) << e.what();

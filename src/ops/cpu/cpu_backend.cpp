@@ -35,9 +35,12 @@ void check_f32(const TensorView& t, const char* what) {
 
 class CpuBackend : public Backend {
  public:
-  CpuBackend(int n_threads, DType kv_dtype) : pool_(n_threads), kv_dtype_(kv_dtype) {
+  CpuBackend(int n_threads, DType kv_dtype, DType moe_activation_dtype)
+      : pool_(n_threads), kv_dtype_(kv_dtype), fp8_expert_activations_(moe_activation_dtype == DType::F8_E4M3) {
     TETRA_CHECK(kv_dtype == DType::F32 || kv_dtype == DType::F8_E4M3,
                 "the CPU backend keeps its KV cache in F32 or F8_E4M3, not ", dtype_name(kv_dtype));
+    TETRA_CHECK(moe_activation_dtype == DType::F32 || moe_activation_dtype == DType::F8_E4M3,
+                "the CPU backend's experts take F32 or F8_E4M3 activations, not ", dtype_name(moe_activation_dtype));
     props_.name = "cpu";
     ctx_.pool = &pool_;
     ctx_.props = &props_;
@@ -71,7 +74,8 @@ class CpuBackend : public Backend {
   TensorView upload(TensorView host) override { return host; }
   std::unique_ptr<MoeExperts> prepare_experts(const std::vector<MlpWeights>& experts,
                                               const MlpWeights* shared) override {
-    return std::make_unique<CpuExperts>(experts, shared ? std::optional<MlpWeights>(*shared) : std::nullopt);
+    return std::make_unique<CpuExperts>(experts, shared ? std::optional<MlpWeights>(*shared) : std::nullopt,
+                                        fp8_expert_activations_);
   }
   std::unique_ptr<Buffer> random_tensor(DType dtype, Shape shape, const RandomFill& fill,
                                         uint64_t seed) override {
@@ -227,6 +231,7 @@ class CpuBackend : public Backend {
  private:
   ThreadPool pool_;
   DType kv_dtype_;  // F32, or F8_E4M3 (--kv-cache-dtype fp8_e4m3)
+  bool fp8_expert_activations_;  // --moe-activation-dtype fp8_e4m3: NVFP4 experts run W4A8
   DeviceProps props_;
   Context ctx_;
 };
@@ -261,7 +266,8 @@ std::unique_ptr<MoeExperts> CpuBackend::random_experts(const ExpertsSpec& spec, 
   for (int e = 0; e < spec.n_experts; ++e) experts.push_back(mlp());
   std::optional<MlpWeights> shared;
   if (spec.shared_expert) shared = mlp();
-  return std::make_unique<CpuExperts>(std::move(experts), std::move(shared), std::move(storage));
+  return std::make_unique<CpuExperts>(std::move(experts), std::move(shared), fp8_expert_activations_,
+                                      std::move(storage));
 }
 
 }  // namespace
@@ -278,7 +284,7 @@ float load_f32(const TensorView& t, int64_t i) {
 }  // namespace tetra::ops::cpu
 
 namespace tetra::ops {
-std::unique_ptr<Backend> make_cpu_backend(int n_threads, DType kv_dtype) {
-  return std::make_unique<cpu::CpuBackend>(n_threads, kv_dtype);
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, DType kv_dtype, DType moe_activation_dtype) {
+  return std::make_unique<cpu::CpuBackend>(n_threads, kv_dtype, moe_activation_dtype);
 }
 }  // namespace tetra::ops

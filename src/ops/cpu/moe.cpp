@@ -20,7 +20,35 @@ std::vector<int> top_k_indices(const std::vector<float>& v, int k) {
   return idx;
 }
 
+bool has_nvfp4(const MlpWeights& w) {
+  return w.gate.format == WeightFormat::Nvfp4 || w.up.format == WeightFormat::Nvfp4 ||
+         w.down.format == WeightFormat::Nvfp4;
+}
+
+// One expert linear: W4A8 for an NVFP4 weight when the experts take FP8 activations.
+void expert_linear(ThreadPool* pool, const CpuExperts& experts, const float* x, int64_t n_tokens,
+                   const LinearWeight& w, float* out) {
+  if (experts.fp8_activations() && w.format == WeightFormat::Nvfp4)
+    linear_w4a8(pool, x, n_tokens, w, out);
+  else
+    linear_f32(pool, x, n_tokens, w, out);
+}
+
 }  // namespace
+
+CpuExperts::CpuExperts(std::vector<MlpWeights> experts, std::optional<MlpWeights> shared, bool fp8_activations,
+                       std::vector<std::unique_ptr<Buffer>> storage)
+    : experts_(std::move(experts)),
+      shared_(std::move(shared)),
+      fp8_activations_(fp8_activations),
+      storage_(std::move(storage)) {
+  // Only NVFP4 linears change; one kept in BF16 (a shared expert, or a width that is not a
+  // multiple of 16) stays W16A16. Experts with none would make the flag a silent no-op.
+  if (fp8_activations)
+    TETRA_CHECK(std::any_of(experts_.begin(), experts_.end(), has_nvfp4),
+                "--moe-activation-dtype fp8_e4m3 (W4A8) takes NVFP4 experts; this model's routed experts are not "
+                "NVFP4 (quantize them with `tetra quantize`, or leave the flag at auto)");
+}
 
 void route(TensorView logits, const RoutingSpec& spec, TensorView ids, TensorView weights) {
   const int64_t n_tokens = logits.dim(0), n_experts = logits.dim(1);
@@ -97,11 +125,11 @@ void moe_experts(ThreadPool* pool, TensorView x, TensorView ids, TensorView weig
         down(size_t(n * hidden));
     for (int64_t r = 0; r < n; ++r)
       std::copy_n(x.as<const float>() + (rows[size_t(r)] / k) * hidden, hidden, xs.data() + r * hidden);
-    linear_f32(pool, xs.data(), n, w.gate, gate.data());
-    linear_f32(pool, xs.data(), n, w.up, up.data());
+    expert_linear(pool, experts, xs.data(), n, w.gate, gate.data());
+    expert_linear(pool, experts, xs.data(), n, w.up, up.data());
     for (int64_t i = 0; i < n * inter; ++i)
       gate[size_t(i)] = gate[size_t(i)] / (1.0f + std::exp(-gate[size_t(i)])) * up[size_t(i)];
-    linear_f32(pool, gate.data(), n, w.down, down.data());
+    expert_linear(pool, experts, gate.data(), n, w.down, down.data());
     for (int64_t r = 0; r < n; ++r) {
       const float wgt = weights.as<const float>()[rows[size_t(r)]];
       float* dst = partial.data() + rows[size_t(r)] * hidden;
@@ -127,10 +155,10 @@ void moe_experts(ThreadPool* pool, TensorView x, TensorView ids, TensorView weig
     const int64_t inter = shared->gate.n_out;
     std::vector<float> gate(size_t(n_tokens * inter)), up(size_t(n_tokens * inter)),
         down(size_t(n_tokens * hidden));
-    linear_f32(pool, x.as<const float>(), n_tokens, shared->gate, gate.data());
-    linear_f32(pool, x.as<const float>(), n_tokens, shared->up, up.data());
+    expert_linear(pool, experts, x.as<const float>(), n_tokens, shared->gate, gate.data());
+    expert_linear(pool, experts, x.as<const float>(), n_tokens, shared->up, up.data());
     for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-    linear_f32(pool, gate.data(), n_tokens, shared->down, down.data());
+    expert_linear(pool, experts, gate.data(), n_tokens, shared->down, down.data());
     float* o = out.as<float>();
     for (int64_t i = 0; i < n_tokens * hidden; ++i) o[i] += down[size_t(i)];
   }
