@@ -33,8 +33,13 @@ class NcclCommunicator : public ops::Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int size, int device)
       : comm_(comm), rank_(rank), size_(size), device_(device) {}
+  // By now the engine's graphs, which hold references to this communicator's captured plans,
+  // are gone, so freeing it cannot wait on them.
   ~NcclCommunicator() override {
-    if (!aborted_) nccl_library().comm_destroy(comm_);
+    if (revoked_)
+      nccl_library().comm_abort(comm_);
+    else if (!aborted_)
+      nccl_library().comm_destroy(comm_);
   }
 
   int rank() const override { return rank_; }
@@ -63,14 +68,22 @@ class NcclCommunicator : public ops::Communicator {
   // NCCL enqueues its collectives as kernels that a CUDA graph captures (NCCL 2.9 and later).
   bool capturable() const override { return true; }
 
+  // Ends this rank's collectives still in flight (a kernel waiting for a peer that failed), so
+  // its thread's wait on the stream returns. Where NCCL has ncclCommRevoke (2.28 on), abort only
+  // revokes: ncclCommAbort frees the process's communicators once the last is aborted, which
+  // waits for every CUDA graph that captured their collectives to be destroyed (the engine
+  // still holds them here) and frees communicators other rank threads may still be inside. The
+  // destructor frees it instead, after the ranks' threads and the graphs are gone.
   void abort(const std::string& reason) override {
-    // ncclCommAbort ends this rank's collectives still in flight (a kernel waiting for a
-    // peer that failed), so its thread's next wait on the stream returns with an error.
     std::lock_guard<std::mutex> lock(abort_mu_);
     if (aborted_) return;
     aborted_ = true;
     reason_ = reason;
-    nccl_library().comm_abort(comm_);
+    const NcclLibrary& lib = nccl_library();
+    // A revoke in progress (kernels still stopping) is as good: the destructor comes later.
+    const ncclResult_t r = lib.comm_revoke ? lib.comm_revoke(comm_, NCCL_REVOKE_DEFAULT) : ncclInvalidUsage;
+    revoked_ = r == ncclSuccess || r == ncclInProgress;
+    if (!revoked_) lib.comm_abort(comm_);
   }
 
  private:
@@ -90,7 +103,8 @@ class NcclCommunicator : public ops::Communicator {
   int rank_, size_, device_;
   std::mutex mu_;        // one collective at a time on this rank
   std::mutex abort_mu_;  // abort() comes from another rank's thread
-  bool aborted_ = false;
+  bool aborted_ = false;  // no collective may start
+  bool revoked_ = false;  // aborted by ncclCommRevoke: the destructor still frees it
   std::string reason_;
 };
 

@@ -39,6 +39,7 @@ NcclLibrary load() {
   resolve(handle, lib.path, "ncclCommAbort", lib.comm_abort);
   resolve(handle, lib.path, "ncclAllReduce", lib.all_reduce);
   resolve(handle, lib.path, "ncclAllGather", lib.all_gather);
+  lib.comm_revoke = reinterpret_cast<decltype(lib.comm_revoke)>(dlsym(handle, "ncclCommRevoke"));
   TETRA_CHECK(lib.get_version(&lib.version) == ncclSuccess, lib.path, ": ncclGetVersion failed");
   // The bfloat16 type (NCCL 2.10) is the newest thing tetra asks of it.
   TETRA_CHECK(lib.version >= 21000, lib.path, " is NCCL ", lib.version, "; tetra needs 2.10 or later");

@@ -19,6 +19,7 @@ struct NcclLibrary {
   decltype(&ncclGroupEnd) group_end;
   decltype(&ncclCommDestroy) comm_destroy;
   decltype(&ncclCommAbort) comm_abort;
+  decltype(&ncclCommRevoke) comm_revoke = nullptr;  // NCCL 2.28 on; null where the library lacks it
   decltype(&ncclAllReduce) all_reduce;
   decltype(&ncclAllGather) all_gather;
   std::string path;  // what was loaded
