@@ -133,7 +133,10 @@ class CudaBackend final : public Backend {
     ctx_.pdl = o.pdl && props_.cc_major >= 9;  // griddepcontrol is sm_90's
     gemm_ = std::make_unique<DenseGemm>();
   }
+  // Any thread may destroy a rank's backend (the ranks' owner, on rank 0's): its stream and
+  // memory are released with its own device current, which stays current after.
   ~CudaBackend() override {
+    cudaSetDevice(device_);
     uploader_.reset();
     gemm_.reset();
     cudaStreamSynchronize(stream_);
