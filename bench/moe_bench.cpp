@@ -1,7 +1,8 @@
 // `tetra bench moe` (see moe_bench.h). Protocol (docs GPU.md): random weights and inputs,
 // CUDA-graph replays timed with events after warm-up, median/min/max of `iters` runs, expert
-// weights rotated over enough layer copies that L2 cannot serve them, the baseline in the
-// same run. Reports; never judges.
+// weights rotated over enough layer copies that L2 cannot serve them, the baselines (BF16
+// through cuBLAS; FP8 through cuBLASLt, its activation casts timed) in the same run. Reports;
+// never judges.
 #include "bench/moe_bench.h"
 
 #include <cuda_runtime.h>
@@ -18,6 +19,7 @@
 #include "bench/event_timing.h"
 #include "bench/graph_timing.h"
 #include "bench/moe_baseline.h"
+#include "bench/moe_baseline_fp8.h"
 #include "bench/read_probe.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_backend.h"
@@ -79,24 +81,27 @@ const ShapeSpec& find_shape(const std::string& name) {
 struct Row {
   std::string shape, routing, config, why;
   int tokens = 0, distinct = 0;
-  Stats nvfp4, bf16;
+  Stats nvfp4, bf16, fp8;  // a baseline not run (or not possible here) stays 0
+  std::string fp8_na;      // why the FP8 baseline is missing from a row where it was asked for
   std::vector<std::pair<std::string, Stats>> sweep;  // (configuration, time)
   std::map<std::string, double> stage_us, stage_gbps;  // --breakdown
   double bytes = 0, flops = 0, floor_us = 0;
 };
 
 void print_header() {
-  std::printf("%-11s %-7s %6s %5s %10s %10s %10s %8s %7s %7s %11s %7s  %s\n", "shape", "routing",
+  std::printf("%-11s %-7s %6s %5s %10s %10s %10s %8s %7s %7s %11s %11s %7s  %s\n", "shape", "routing",
               "T", "U", "us(med)", "us(min)", "us(max)", "GB/s", "%floor", "TFLOP/s", "bf16cuBLAS",
-              "speedup", "config");
+              "fp8cuBLASLt", "speedup", "config");
 }
 
 void print_row(const Row& r) {
   const double s = r.nvfp4.median_us * 1e-6;
-  std::printf("%-11s %-7s %6d %5d %10.1f %10.1f %10.1f %8.0f %6.1f%% %7.1f %11.1f %6.2fx  %s\n",
+  char fp8[32] = "n/a";
+  if (r.fp8.median_us > 0) std::snprintf(fp8, sizeof fp8, "%.1f", r.fp8.median_us);
+  std::printf("%-11s %-7s %6d %5d %10.1f %10.1f %10.1f %8.0f %6.1f%% %7.1f %11.1f %11s %6.2fx  %s\n",
               r.shape.c_str(), r.routing.c_str(), r.tokens, r.distinct, r.nvfp4.median_us,
               r.nvfp4.min_us, r.nvfp4.max_us, r.bytes / s * 1e-9, 100.0 * r.floor_us / r.nvfp4.median_us,
-              r.flops / s * 1e-12, r.bf16.median_us,
+              r.flops / s * 1e-12, r.bf16.median_us, fp8,
               r.bf16.median_us > 0 ? r.bf16.median_us / r.nvfp4.median_us : 0.0, r.config.c_str());
   for (const auto& [config, st] : r.sweep)
     std::printf("%-11s %-7s %6s %5s %10.1f %10.1f %10.1f %8.0f %6.1f%%  (%s)\n", "", "", "", "", st.median_us,
@@ -115,13 +120,16 @@ nlohmann::json to_json(const Row& r) {
                    {"floor_us", r.floor_us}, {"pct_of_floor", 100.0 * r.floor_us / r.nvfp4.median_us},
                    {"tflops", r.flops / s * 1e-12}, {"config", r.config}, {"why", r.why}};
   if (r.bf16.median_us > 0) j["bf16_cublas"] = stats(r.bf16);
+  if (r.fp8.median_us > 0) j["fp8_cublaslt"] = stats(r.fp8);
+  if (!r.fp8_na.empty()) j["fp8_cublaslt_na"] = r.fp8_na;
   for (const auto& [config, st] : r.sweep) j["sweep"][config] = stats(st);
   for (const auto& [stage, us] : r.stage_us) j["stages_us"][stage] = us;
   return j;
 }
 
+// fp8: null without the baselines.
 void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::Context& base_ctx,
-                 cublasHandle_t cublas, cudaStream_t stream, nlohmann::json& json_rows) {
+                 cublasHandle_t cublas, Fp8Baseline* fp8, cudaStream_t stream, nlohmann::json& json_rows) {
   const MoeShape& ms = spec.shape;
   const int H = int(ms.hidden), E = ms.n_experts, k = spec.top_k;
   const int kk = k + (ms.shared_expert ? 1 : 0);
@@ -134,17 +142,21 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
   const int64_t expert_bytes = ops::cuda::experts_bytes_per_expert(*probe);
   probe.reset();
   int n_layers = int(std::clamp<int64_t>((3 * l2) / (kk * expert_bytes) + 1, 2, 16));
-  const double layer_bytes = (E + (ms.shared_expert ? 1 : 0)) * expert_bytes * (opt.baseline ? 1 + 16 / 4.5 : 1.0);
+  // NVFP4 takes 4.5 bits a weight; the baselines' copies 16 (BF16) and 8 (FP8).
+  const double layer_bytes =
+      (E + (ms.shared_expert ? 1 : 0)) * expert_bytes * (opt.baseline ? 1 + (16 + 8) / 4.5 : 1.0);
   size_t free_b = 0, total_b = 0;
   TETRA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   n_layers = int(std::max<int64_t>(1, std::min<int64_t>(n_layers, int64_t(free_b * 0.6 / layer_bytes))));
 
   ops::cuda::MoeTuner tuner(opt.tune_cache);
   std::vector<std::unique_ptr<ops::MoeExperts>> fp4, bf16;
+  std::vector<std::unique_ptr<Fp8Experts>> fp8_layers;
   for (int l = 0; l < n_layers; ++l) {
     fp4.push_back(ops::cuda::random_experts(base_ctx, ms, ops::WeightFormat::Nvfp4, 100 + 10 * l, &tuner));
     if (opt.baseline)
       bf16.push_back(ops::cuda::random_experts(base_ctx, ms, ops::WeightFormat::Dense, 500 + 10 * l));
+    if (fp8) fp8_layers.push_back(std::make_unique<Fp8Experts>(stream, ms, 900 + 10 * l));
   }
   if (!opt.json)
     std::printf("\n%s: H %d, I %lld, %d experts, top-%d%s; NVFP4 %.1f MB/expert; weights rotated "
@@ -168,7 +180,7 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
   ctx.workspace = ops::Workspace{ws.p, ws_bytes};
 
   const int64_t rows_max = int64_t(t_max) * kk;
-  std::unique_ptr<DeviceMem> b_rows, b_pos, b_xp, b_g13, b_h, b_y;
+  std::unique_ptr<DeviceMem> b_rows, b_pos, b_xp, b_g13, b_h, b_y, b_xp8, b_h8;
   if (opt.baseline) {
     b_rows = std::make_unique<DeviceMem>(size_t(rows_max) * 4);
     b_pos = std::make_unique<DeviceMem>(size_t(rows_max) * 4);
@@ -176,6 +188,8 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
     b_g13 = std::make_unique<DeviceMem>(size_t(rows_max) * 2 * ms.intermediate * 2);
     b_h = std::make_unique<DeviceMem>(size_t(rows_max) * ms.intermediate * 2);
     b_y = std::make_unique<DeviceMem>(size_t(rows_max) * H * 4);
+    b_xp8 = std::make_unique<DeviceMem>(size_t(rows_max) * H);  // E4M3; the rest is shared with BF16
+    b_h8 = std::make_unique<DeviceMem>(size_t(rows_max) * ms.intermediate);
   }
 
   ops::RoutingSpec rs;
@@ -289,8 +303,9 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
         for (const auto& c : configs) r.sweep.push_back({c.str(), time_fp4(c)});
       }
 
+      const HostGrouping grouping =
+          opt.baseline ? group_by_expert(hids, T, k, E, ms.shared_expert) : HostGrouping{};
       if (opt.baseline) {
-        const HostGrouping grouping = group_by_expert(hids, T, k, E, ms.shared_expert);
         upload(stream, b_rows->p, grouping.row_token.data(), grouping.row_token.size() * 4);
         upload(stream, b_pos->p, grouping.pos.data(), grouping.pos.size() * 4);
         const Bf16LayerBuffers buf{b_rows->as<int>(), b_pos->as<int>(), b_xp->as<uint16_t>(),
@@ -304,6 +319,38 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
                                out.as<uint16_t>());
           }));
         r.bf16 = time_graphs(stream, graphs, opt.iters);
+      }
+      if (fp8) {
+        // The same rows through cuBLASLt FP8, weights rotated over the same number of copies.
+        // Plans are made here, outside capture; a shape cuBLASLt refuses leaves the column n/a.
+        r.fp8_na = fp8->plan(ms, grouping);
+        if (r.fp8_na.empty()) {
+          const Fp8LayerBuffers buf{b_rows->as<int>(), b_pos->as<int>(), b_xp8->as<uint8_t>(),
+                                    b_g13->as<uint16_t>(), b_h8->as<uint8_t>(), b_y->as<float>()};
+          try {
+            // One eager run first: cuBLASLt loads its kernels outside capture, and a call that
+            // fails does so here.
+            if (const std::string why = fp8->enqueue(stream, *fp8_layers[0], x.as<uint16_t>(), T, k,
+                                                     weights.as<float>(), grouping, buf, out.as<uint16_t>());
+                !why.empty())
+              fail(why);
+            TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+            std::vector<std::unique_ptr<Graph>> graphs;
+            for (const auto& ex : fp8_layers)
+              graphs.push_back(capture(stream, [&] {
+                ops::cuda::route(ctx, v_logits, rs, v_ids, v_w);
+                const std::string why = fp8->enqueue(stream, *ex, x.as<uint16_t>(), T, k, weights.as<float>(),
+                                                     grouping, buf, out.as<uint16_t>());
+                if (!why.empty()) fail(why);  // capture() ends the capture and passes this on
+              }));
+            r.fp8 = time_graphs(stream, graphs, opt.iters);
+          } catch (const Error& e) {
+            r.fp8_na = e.what();
+          }
+        }
+        if (!r.fp8_na.empty())
+          std::fprintf(stderr, "tetra bench moe: no FP8 baseline for %s %s T=%d: %s\n", spec.name,
+                       routing.c_str(), T, r.fp8_na.c_str());
       }
       if (opt.json) {
         json_rows.push_back(to_json(r));
@@ -368,7 +415,10 @@ int run_moe_bench(const MoeBenchOptions& opt) {
   }
   int rc = 0;
   try {
-    for (const std::string& s : opt.shapes) bench_shape(find_shape(s), opt, ctx, cublas, stream, rows);
+    // One cuBLASLt handle, workspace and plan cache for the whole run, as for cuBLAS above.
+    std::unique_ptr<Fp8Baseline> fp8;
+    if (opt.baseline) fp8 = std::make_unique<Fp8Baseline>(stream);
+    for (const std::string& s : opt.shapes) bench_shape(find_shape(s), opt, ctx, cublas, fp8.get(), stream, rows);
   } catch (...) {
     cublasDestroy(cublas);
     throw;

@@ -1,5 +1,6 @@
 // `tetra bench moe`: the whole MoE layer (router logits -> combined output) on the GPU, NVFP4
-// weights against the same layer with BF16 weights through cuBLAS, per token count.
+// weights against the same layer with BF16 weights through cuBLAS and with FP8 weights and
+// activations through cuBLASLt, per token count.
 #pragma once
 
 #include <string>
@@ -16,7 +17,7 @@ struct MoeBenchOptions {
   bool fused = false;        // force the fused decode kernel (tile_tokens 8)
   bool sweep_tiles = false;  // also time every tile (and the fused kernel where it takes T) and report each
   bool breakdown = false;    // also time each stage (route, permute, gate_up, down, combine)
-  bool baseline = true;      // BF16 weights through cuBLAS in the same run
+  bool baseline = true;      // BF16 (cuBLAS) and FP8 (cuBLASLt) baselines in the same run
   bool json = false;
   bool verbose = false;
   std::string tune_cache;    // the MoE tuning cache file ("" keeps tunings in memory)

@@ -44,7 +44,8 @@ std::vector<int> int_list(const std::string& s, const char* flag) {
 std::vector<int> token_counts(const std::string& s) { return int_list(s, "--tokens"); }
 
 int bench_moe(int argc, char** argv) {
-  CLI::App app{"The NVFP4 MoE layer on the GPU against BF16 weights through cuBLAS, per token count.",
+  CLI::App app{"The NVFP4 MoE layer on the GPU against BF16 weights through cuBLAS and FP8 weights through "
+               "cuBLASLt, per token count.",
                "tetra bench moe"};
   app.option_defaults()->always_capture_default();
   std::string shapes = "glm5,deepseek-v3,qwen3-30b", tokens = "1,4,16,64,256,1024,4096,16384";
@@ -63,7 +64,7 @@ int bench_moe(int argc, char** argv) {
       ->excludes("--tile");
   app.add_flag("--sweep", sweep, "also time every tile width (and the fused decode kernel) and print each");
   app.add_flag("--breakdown", breakdown, "also time each stage of the layer alone");
-  app.add_flag("--no-baseline", no_baseline, "skip the BF16 cuBLAS baseline");
+  app.add_flag("--no-baseline", no_baseline, "skip the BF16 cuBLAS and FP8 cuBLASLt baselines");
   app.add_flag("--json", json, "print one JSON object on stdout");
   app.add_flag("--verbose", verbose, "say which configuration was chosen and why");
   try {
@@ -178,7 +179,7 @@ struct Sub {
 };
 
 const Sub kSubs[] = {
-    {"moe", "the MoE layer on the GPU: NVFP4 against BF16 cuBLAS", bench_moe},
+    {"moe", "the MoE layer on the GPU: NVFP4 against BF16 cuBLAS and FP8 cuBLASLt", bench_moe},
     {"linear", "a model's dense decode linears on the GPU, through each kernel that takes them", bench_linear},
     {"collective", "the all-reduce after a row-parallel layer with its add and RMSNorm, fused and apart",
      bench_collective},
