@@ -38,17 +38,11 @@ int row_exponent(const uint8_t* block_scales, int64_t n_blocks) {
 // its sums, 2^e_row * weight_scale_2.
 float fold_weight_row(const LinearWeight& w, int64_t row, float* out) {
   const int64_t k = w.n_in, n_blocks = k / nvfp4::kBlockSize;
-  const uint8_t* packed = w.weight.as<const uint8_t>() + row * (k / 2);
   const uint8_t* scales = w.block_scale.as<const uint8_t>() + row * n_blocks;
   const int e = row_exponent(scales, n_blocks);
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const float s = std::ldexp(e4m3_to_f32(scales[b]), -e);
-    for (int j = 0; j < nvfp4::kBlockBytes; ++j) {
-      const uint8_t byte = packed[b * nvfp4::kBlockBytes + j];
-      out[b * nvfp4::kBlockSize + 2 * j] = round_to_e4m3(e2m1_to_f32(nvfp4::unpack_even(byte)) * s);
-      out[b * nvfp4::kBlockSize + 2 * j + 1] = round_to_e4m3(e2m1_to_f32(nvfp4::unpack_odd(byte)) * s);
-    }
-  }
+  // The NVFP4 row under a global scale of 2^-e: e2m1 * (block_scale * 2^-e), each product exact.
+  nvfp4::dequantize_row(w.weight.as<const uint8_t>() + row * (k / 2), scales, std::ldexp(1.0f, -e), k, out);
+  for (int64_t i = 0; i < k; ++i) out[i] = round_to_e4m3(out[i]);
   return std::ldexp(w.global_scale, e);
 }
 
