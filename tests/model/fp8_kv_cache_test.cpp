@@ -14,6 +14,7 @@
 #include "runtime/evaluate.h"
 #include "runtime/generate.h"
 #include "runtime/kv_cache.h"
+#include "teacher_forced_kl.h"
 #include "runtime/ranks.h"
 
 namespace tetra {
@@ -105,20 +106,11 @@ TEST_P(Fp8KvCache, GenerationStaysCloseToTheF32Cache) {
 // index key can change, 0.15 and 0.22 (bound 1.0). A misread cache gives KL of whole nats.
 TEST_P(Fp8KvCache, TeacherForcedKlFromTheF32Cache) {
   const bool dsa = GetParam().starts_with("glm_moe_dsa");
-  double kl_sum = 0;
-  int64_t scored = 0;
   runtime::ModelRanks ranks8(*m8, *fp8), ranks32(*m32, *f32);
-  for (const auto& c : testing::read_cases(dir)) {
-    std::vector<int32_t> seq = c.prompt_ids;
-    seq.insert(seq.end(), c.token_ids.begin(), c.token_ids.end());
-    const auto r = runtime::evaluate(ranks8, &ranks32, seq, {.window = int64_t(seq.size())});
-    kl_sum += r.kl_sum;
-    scored += r.n_scored;
-  }
-  const double mean_kl = kl_sum / double(scored);
-  std::printf("%s: mean KL(F32 cache || FP8 cache) %.2e nats over %lld predictions\n", GetParam().c_str(), mean_kl,
-              static_cast<long long>(scored));
-  EXPECT_LE(mean_kl, dsa ? 1.0 : 0.15);
+  const testing::TeacherForcedKl kl = testing::teacher_forced_kl(ranks8, ranks32, dir);
+  std::printf("%s: mean KL(F32 cache || FP8 cache) %.2e nats over %lld predictions\n", GetParam().c_str(), kl.mean,
+              static_cast<long long>(kl.scored));
+  EXPECT_LE(kl.mean, dsa ? 1.0 : 0.15);
 }
 
 // A copy of qwen3_moe-tiny with ModelOpt's KV cache scales added: layer 0's on the projections

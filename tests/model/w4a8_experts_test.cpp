@@ -5,10 +5,9 @@
 
 #include <cstdio>
 
-#include "fixtures.h"
 #include "model/model.h"
-#include "runtime/evaluate.h"
 #include "runtime/ranks.h"
+#include "teacher_forced_kl.h"
 
 namespace tetra {
 namespace {
@@ -30,21 +29,12 @@ class W4a8Experts : public ::testing::TestWithParam<std::string> {
 // weight to E4M3 moves it by at most 2^-4 of itself; a scale applied twice or not at all moves
 // sums by whole powers of two and KL by nats. The lower bound says the flag reached the experts.
 TEST_P(W4a8Experts, TeacherForcedKlFromW4a16) {
-  double kl_sum = 0;
-  int64_t scored = 0;
   runtime::ModelRanks ranks8(*m8, *w4a8), ranks16(*m16, *w4a16);
-  for (const auto& c : testing::read_cases(dir)) {
-    std::vector<int32_t> seq = c.prompt_ids;
-    seq.insert(seq.end(), c.token_ids.begin(), c.token_ids.end());
-    const auto r = runtime::evaluate(ranks8, &ranks16, seq, {.window = int64_t(seq.size())});
-    kl_sum += r.kl_sum;
-    scored += r.n_scored;
-  }
-  const double mean_kl = kl_sum / double(scored);
-  std::printf("%s: mean KL(W4A16 || W4A8) %.2e nats over %lld predictions\n", GetParam().c_str(), mean_kl,
-              static_cast<long long>(scored));
-  EXPECT_LE(mean_kl, 0.1);
-  EXPECT_GT(mean_kl, 1e-7);
+  const testing::TeacherForcedKl kl = testing::teacher_forced_kl(ranks8, ranks16, dir);
+  std::printf("%s: mean KL(W4A16 || W4A8) %.2e nats over %lld predictions\n", GetParam().c_str(), kl.mean,
+              static_cast<long long>(kl.scored));
+  EXPECT_LE(kl.mean, 0.1);
+  EXPECT_GT(kl.mean, 1e-7);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, W4a8Experts,
