@@ -34,8 +34,8 @@ __device__ __forceinline__ int slot_of(const KernelArgs& a, int seq, int key) {
 #endif
 
 // The wgmma prefill kernel (PagedAttentionPath::PrefillWgmma): BF16 cache, d_k = d_v = 128;
-// a block is 128 query rows against 64-key tiles, two blocks an SM.
-constexpr int kWgmmaHeadDim = 128, kWgmmaRows = 128, kWgmmaKeys = 64, kWgmmaBlocksPerSm = 2;
+// a block is 128 query rows (two consumer warpgroups) against 128-key tiles, one block an SM.
+constexpr int kWgmmaHeadDim = 128, kWgmmaRows = 128, kWgmmaKeys = 128, kWgmmaBlocksPerSm = 1;
 
 // grid: (row tiles x KV heads x splits, sequences), the longest row tiles first.
 void launch_prefill_wgmma(const KernelLaunch& launch, const KernelArgs& a, const PagedAttentionPlan& plan);

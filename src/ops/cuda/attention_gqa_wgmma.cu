@@ -1,18 +1,19 @@
 // Causal GQA prefill attention on wgmma (sm_90a): paged_attention's PrefillWgmma path, a BF16
 // cache and head dim 128 (attention_gqa.h).
 //
-// The mma.sync prefill kernel runs at about 43% of the SM's tensor rate, bound by its operand
+// The mma.sync prefill kernel runs at about 30% of the tensor rate, bound by its operand
 // traffic: every warp re-reads Q and each K/V tile through ldmatrix into registers. Here the
-// tensor cores read Q, K and V from shared memory themselves, and P never leaves registers,
-// as FlashAttention-3 does:
+// tensor cores read Q, K and V from shared memory themselves and P never leaves registers, and
+// the work is split by role, as FlashAttention-3 does:
 //   - a block is 128 packed query rows (token-major (token, head) pairs of one sequence and KV
-//     head, as in the mma.sync kernels), two warpgroups of 64; Q and two stages of 64-key K and
-//     V tiles sit in shared memory, 128-byte swizzled, filled by cp.async (keys gathered by
-//     slot, the slots found a tile ahead);
-//   - per tile, each warpgroup scores S = Q K^T (8 k-steps of m64n64k16), runs the online
-//     softmax in its accumulators, and adds O += P V with P as the A operand from registers
-//     (4 k-steps of m64n128k16, V read MN-major);
-//   - two blocks an SM: one block's softmax and copies run while the other's MMAs do.
+//     head, as in the mma.sync kernels): two consumer warpgroups of 64 rows, and a producer
+//     warpgroup whose first warp copies (the others give their registers to the consumers);
+//   - the producer gathers each 128-key tile's K and V rows by slot (cp.async, 128-byte
+//     swizzled) into a ring of kStages stages, and hands a stage over through an mbarrier once
+//     its copies have landed; the consumers hand it back through another;
+//   - a consumer warpgroup scores S = Q K^T (8 k-steps of m64n128k16, Q and K from shared
+//     memory) and, while the tensor cores add the previous tile's O += P V (P from registers,
+//     V read MN-major), runs the online softmax of this one.
 // A row's reference maximum moves only when a tile beats it by more than kRescaleSlack, so O's
 // rescale is skipped in most tiles. Splits leave (max, sum, unnormalized output) for
 // attention_gqa.cu's combine kernel, as the mma.sync kernels do.
@@ -23,6 +24,7 @@
 #include "ops/cuda/attention_gqa_internal.cuh"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/mbarrier.cuh"
 #include "ops/cuda/mma_sync.cuh"
 #include "ops/cuda/wgmma.cuh"
 
@@ -30,23 +32,31 @@ namespace tetra::ops::cuda::gqa {
 namespace {
 
 constexpr int kD = kWgmmaHeadDim, kRows = kWgmmaRows, kKeys = kWgmmaKeys;
-constexpr int kThreads = 256;  // two warpgroups, 64 rows each
-constexpr int kStages = 2;
-constexpr int kChunks = kD / 8;                          // 16-byte chunks of a row
-constexpr int kQAtomBytes = kRows * 128;                 // 64 dims of every Q row
-constexpr int kKvAtomBytes = kKeys * 128;                // 64 dims of every key of a tile
-constexpr int kKvBytes = (kD / 64) * kKvAtomBytes;       // a tile's K, or its V
-constexpr int kStageOffset = (kD / 64) * kQAtomBytes;    // Q first
-constexpr int kStageBytes = 2 * kKvBytes;                // K then V
-constexpr int kSlotsOffset = kStageOffset + kStages * kStageBytes;
-constexpr int kWarpMaxOffset = kSlotsOffset + kStages * kKeys * 4;
+constexpr int kConsumerThreads = 256;               // two warpgroups, 64 rows each
+constexpr int kThreads = kConsumerThreads + 128;    // and a producer warpgroup (one warp copies)
+// Registers a thread, moved from the producer warpgroup to the consumers (setmaxnreg): O, S
+// and P of 64 rows against 128 keys take 160 a consumer thread.
+constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 64 * 1024, "the register file");
+constexpr int kStages = 3;                          // the producer runs up to two tiles ahead
+constexpr int kChunks = kD / 8;                     // 16-byte chunks of a row
+constexpr int kQAtomBytes = kRows * 128;            // 64 dims of every Q row
+constexpr int kKvAtomBytes = kKeys * 128;           // 64 dims of every key of a tile
+constexpr int kKvBytes = (kD / 64) * kKvAtomBytes;  // a tile's K, or its V
+constexpr int kStageOffset = (kD / 64) * kQAtomBytes;  // Q first
+constexpr int kStageBytes = 2 * kKvBytes;              // K then V
+constexpr int kBarOffset = kStageOffset + kStages * kStageBytes;  // full[kStages], then empty[kStages]
+constexpr int kWarpMaxOffset = kBarOffset + 2 * kStages * 8;
 constexpr int kSmemBytes = kWarpMaxOffset + (kThreads / 32) * 4 + 1024;  // + alignment slack
 // The softmax keeps a row's reference maximum until a tile beats it by more than this (log2
 // units, a factor 256): the weights stay at most 2^8, exact in f32 and as BF16 as any others.
 constexpr float kRescaleSlack = 8.0f;
-static_assert(kWgmmaBlocksPerSm * (kSmemBytes + 1024) <= 228 * 1024, "two blocks fit an SM");
-static_assert(kKeys <= kThreads, "one thread finds each key's slot");
-static_assert(kRows * kChunks % kThreads == 0 && kKeys * kChunks % kThreads == 0, "copies divide evenly");
+static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
+static_assert(kKeys % 32 == 0 && kRows % 2 == 0, "a producer lane finds kKeys / 32 slots");
+// The producer waits for a stage's consumers to be done with it, and consumers give tile it - 1
+// back only after waiting for tile it: with fewer than 3 stages the producer, which signals
+// tile it - 1 after issuing tile it, would wait on them while they wait on it.
+static_assert(kStages >= 3, "no deadlock between the producer and the consumers");
 
 // One block's work: a row tile of one (sequence, KV head), one key split.
 struct Work {
@@ -67,37 +77,9 @@ __device__ __forceinline__ uint32_t tile_unit(int r, int c, int atom_bytes) {
   return uint32_t((c / 8) * atom_bytes) + wgmma::swizzled(r, c % 8);
 }
 
-// Q of the row tile, by all threads; padding rows are zeros.
-__device__ __forceinline__ void load_q(const KernelArgs& a, const Work& w, uint32_t q_smem) {
-#pragma unroll 2
-  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
-    const int idx = int(threadIdx.x) + i * kThreads, r = idx / kChunks, c = idx % kChunks;
-    const int row = w.row0 + r;
-    const bool valid = row < w.n_rows;
-    const uint16_t* src = a.p.q;
-    if (valid) {
-      const int token = w.token_begin + row / a.group, head = w.kv_head * a.group + row % a.group;
-      src += (int64_t(token) * a.p.n_heads + head) * kD + 8 * c;
-    }
-    cp_async_16(q_smem + tile_unit(r, c, kQAtomBytes), src, valid);
-  }
-}
-
-// The K and V rows of a tile's slots, by all threads; rows of slot -1 are zeros.
-__device__ __forceinline__ void copy_kv_tile(const KernelArgs& a, const Work& w, const int32_t* slots,
-                                             uint32_t k_smem) {
-  const uint16_t* k_cache = static_cast<const uint16_t*>(a.p.k_cache);
-  const uint16_t* v_cache = static_cast<const uint16_t*>(a.p.v_cache);
-#pragma unroll 1
-  for (int i = 0; i < kKeys * kChunks / kThreads; ++i) {
-    const int idx = int(threadIdx.x) + i * kThreads, r = idx / kChunks, c = idx % kChunks;
-    const int slot = slots[r];
-    const bool valid = slot >= 0;
-    const int64_t offset = valid ? (int64_t(slot) * a.p.n_kv_heads + w.kv_head) * kD + 8 * c : 0;
-    const uint32_t dst = k_smem + tile_unit(r, c, kKvAtomBytes);
-    cp_async_16(dst, k_cache + offset, valid);
-    cp_async_16(dst + kKvBytes, v_cache + offset, valid);
-  }
+__device__ __forceinline__ uint32_t full_bar(uint32_t base, int s) { return base + uint32_t(kBarOffset + 8 * s); }
+__device__ __forceinline__ uint32_t empty_bar(uint32_t base, int s) {
+  return base + uint32_t(kBarOffset + 8 * (kStages + s));
 }
 
 // The block's key range: this split's keys, cut at the last position any of its rows has.
@@ -115,128 +97,254 @@ __device__ __forceinline__ void key_range(const KernelArgs& a, Work& w, int* war
   w.key_end = w.split == a.n_splits - 1 ? kv_end : min(kv_end, w.key_begin + a.keys_per_split);
 }
 
-__device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* smem, uint32_t base, Work w) {
-  const int tid = int(threadIdx.x), wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
-  const int g = lane / 4, t4 = lane % 4;
-  const uint32_t q_smem = base;
-  const auto k_smem = [&](int s) { return base + uint32_t(kStageOffset + s * kStageBytes); };
-  const auto slots = [&](int s) { return reinterpret_cast<int32_t*>(smem + kSlotsOffset) + s * kKeys; };
-  key_range(a, w, reinterpret_cast<int*>(smem + kWarpMaxOffset));
+// A warpgroup's register count from here on (all its warps execute it).
+template <int kCount, bool kIncrease>
+__device__ __forceinline__ void set_max_registers() {
+  if constexpr (kIncrease) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kCount));
+  else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kCount));
+}
 
-  // This thread's accumulator rows, 64 wg + 16 warp + g and + 8, and the last key each sees
-  // (-1 for padding rows).
-  const int row0 = w.row0 + 64 * wg + 16 * warp + g;
-  int key_limit[2];
+// ---- the producer warp ----
+
+// Lane l's slots: keys l, l + 32, ... of tile `tile`.
+struct TileSlots {
+  int slot[kKeys / 32];
+};
+
+__device__ __forceinline__ TileSlots find_slots(const KernelArgs& a, const Work& w, int tile, int lane) {
+  TileSlots t;
+#pragma unroll
+  for (int i = 0; i < kKeys / 32; ++i) t.slot[i] = slot_or_none(a, w, w.key_begin + tile * kKeys + 32 * i + lane);
+  return t;
+}
+
+// Copies a tile's K and V rows, two rows an instruction (lanes 0-15 and 16-31, a 16-byte chunk
+// each: 256 contiguous bytes a row); rows of slot -1 are zeros.
+__device__ __forceinline__ void copy_tile(const KernelArgs& a, const Work& w, const TileSlots& t, uint32_t k_smem,
+                                          int lane) {
+  const uint16_t* k_cache = static_cast<const uint16_t*>(a.p.k_cache);
+  const uint16_t* v_cache = static_cast<const uint16_t*>(a.p.v_cache);
+  const int c = lane % 16;
+#pragma unroll
+  for (int h = 0; h < kKeys / 32; ++h) {  // rows 32 h .. 32 h + 31: the slots of lanes 0-31 in t.slot[h]
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+      const int r = 2 * i + lane / 16;
+      const int slot = __shfl_sync(0xffffffffu, t.slot[h], r);
+      const bool valid = slot >= 0;
+      const int64_t offset = valid ? (int64_t(slot) * a.p.n_kv_heads + w.kv_head) * kD + 8 * c : 0;
+      const uint32_t dst = k_smem + tile_unit(32 * h + r, c, kKvAtomBytes);
+      cp_async_16(dst, k_cache + offset, valid);
+      cp_async_16(dst + kKvBytes, v_cache + offset, valid);
+    }
+  }
+}
+
+// Tile `tile`'s copies (this lane's, and through __syncwarp every lane's) have landed: made
+// visible to the tensor cores' reads and handed to the consumers.
+__device__ __forceinline__ void hand_over(uint32_t base, int tile, int lane) {
+  wgmma::fence_proxy_async();
+  __syncwarp();
+  if (lane == 0) mbarrier::arrive(full_bar(base, tile % kStages));
+}
+
+__device__ __forceinline__ void produce(const KernelArgs& a, const Work& w, uint32_t base, int n_tiles, int lane) {
+  if (n_tiles == 0) return;
+  TileSlots slots = find_slots(a, w, 0, lane);
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it % kStages;
+    if (it >= kStages) mbarrier::wait(empty_bar(base, stage), uint32_t((it / kStages - 1) & 1));
+    copy_tile(a, w, slots, base + uint32_t(kStageOffset + stage * kStageBytes), lane);
+    cp_async_commit();
+    if (it + 1 < n_tiles) slots = find_slots(a, w, it + 1, lane);  // in flight across the wait below
+    if (it > 0) {
+      cp_async_wait<1>();
+      hand_over(base, it - 1, lane);
+    }
+  }
+  cp_async_wait<0>();
+  hand_over(base, n_tiles - 1, lane);
+}
+
+// ---- the consumer warpgroups ----
+
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+}
+
+// The warpgroup's 64 Q rows, by its 128 threads; padding rows are zeros.
+__device__ __forceinline__ void load_q(const KernelArgs& a, const Work& w, uint32_t q_smem, int wg, int t) {
+  constexpr int kPerThread = 64 * kChunks / 128;
+#pragma unroll 2
+  for (int i = 0; i < kPerThread; ++i) {
+    const int idx = t + i * 128, r = 64 * wg + idx / kChunks, c = idx % kChunks;
+    const int row = w.row0 + r;
+    const bool valid = row < w.n_rows;
+    const uint16_t* src = a.p.q;
+    if (valid) {
+      const int token = w.token_begin + row / a.group, head = w.kv_head * a.group + row % a.group;
+      src += (int64_t(token) * a.p.n_heads + head) * kD + 8 * c;
+    }
+    cp_async_16(q_smem + tile_unit(r, c, kQAtomBytes), src, valid);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  wgmma::fence_proxy_async();
+  warpgroup_sync(wg);
+}
+
+// A warpgroup's running softmax: this thread's two rows (g and g + 8 of its warp's 16).
+struct RowState {
+  int key_limit[2];  // the last key a row sees in this split; -1 for padding rows
+  int first_limit;   // the smaller: a tile past it needs the mask
+  float m[2], l[2];  // reference max (log2 units, -inf before any key); this lane's share of the sum
+};
+
+// Scores of a tile to p = exp2(score - reference max) in place; returns each row's factor for
+// O (1 unless the reference moved), and updates the sums.
+__device__ __forceinline__ float2 softmax_tile(const KernelArgs& a, int key0, int t4, float (&s)[kKeys / 2],
+                                               RowState& st) {
+  // Accumulator i holds key 8 (i / 4) + 2 t4 + (i & 1) of row (i / 2) & 1.
+  const bool masked = key0 + kKeys - 1 > st.first_limit;
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < kKeys / 2; ++i) {
+    const int r = (i / 2) & 1, key = key0 + 8 * (i / 4) + 2 * t4 + (i & 1);
+    const float x = masked && key > st.key_limit[r] ? -INFINITY : s[i] * a.scale_log2;
+    s[i] = x;
+    tile_max[r] = fmaxf(tile_max[r], x);
+  }
+  float alpha[2], base_r[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_tile = quad_max(tile_max[r]);
+    alpha[r] = 1.0f;
+    if (m_tile > st.m[r] + kRescaleSlack) {  // a row's first key too: m = -inf, alpha = 0
+      alpha[r] = exp2_approx(st.m[r] - m_tile);
+      st.m[r] = m_tile;
+    }
+    base_r[r] = st.m[r] == -INFINITY ? 0.0f : st.m[r];  // no key yet: exp2(-inf - 0) = 0, not NaN
+  }
+  float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kKeys / 2; ++i) {
+    const int r = (i / 2) & 1;
+    s[i] = exp2_approx(s[i] - base_r[r]);
+    tile_sum[r] += s[i];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) st.l[r] = st.l[r] * alpha[r] + tile_sum[r];
+  return make_float2(alpha[0], alpha[1]);
+}
+
+// P as the A operand of k-step kk (keys 16 kk ..): the accumulators of n-tiles 2 kk and 2 kk + 1
+// are its rows g, g + 8 at keys 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9.
+__device__ __forceinline__ void pack_p(const float (&s)[kKeys / 2], uint32_t (&p)[kKeys / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) p[kk][j] = pack_bf16x2(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+}
+
+__device__ __forceinline__ void rescale(float (&o)[kD / 2], float2 alpha) {
+  if (__all_sync(0xffffffffu, alpha.x == 1.0f && alpha.y == 1.0f)) return;
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) o[i] *= (i / 2) & 1 ? alpha.y : alpha.x;
+}
+
+// S = Q K^T of the tile in `stage`, issued (one wgmma group).
+__device__ __forceinline__ void issue_scores(uint32_t q_rows, uint32_t base, int stage, float (&s)[kKeys / 2]) {
+  // A descriptor's address field is addr / 16 in its low 14 bits: a k-step's offset adds to it
+  // without a carry (shared memory is below 256 KB).
+  const uint64_t q_desc = wgmma::desc_k_major(q_rows);
+  const uint64_t k_desc = wgmma::desc_k_major(base + uint32_t(kStageOffset + stage * kStageBytes));
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t q_step = (kk / 4) * kQAtomBytes + (kk % 4) * 32, k_step = (kk / 4) * kKvAtomBytes + (kk % 4) * 32;
+    wgmma::mma_ss<0>(s, q_desc + q_step / 16, k_desc + k_step / 16);
+  }
+  wgmma::commit();
+}
+
+// O += P V of the tile in `stage`, issued (one wgmma group).
+__device__ __forceinline__ void issue_pv(const uint32_t (&p)[kKeys / 16][4], uint32_t base, int stage, float (&o)[kD / 2]) {
+  const uint64_t v_desc = wgmma::desc_mn_major(base + uint32_t(kStageOffset + stage * kStageBytes + kKvBytes), kKvAtomBytes);
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) wgmma::mma_rs_mn(o, p[kk], v_desc + kk * 16 * 128 / 16);
+  wgmma::commit();
+}
+
+// This warp is done with the stage (its wgmma groups that read it have completed).
+__device__ __forceinline__ void give_back(uint32_t base, int stage, int lane) {
+  __syncwarp();
+  if (lane == 0) mbarrier::arrive(empty_bar(base, stage));
+}
+
+__device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint32_t base, int n_tiles, int wg,
+                                        int warp, int lane) {
+  const int g = lane / 4, t4 = lane % 4;
+  const int row0 = w.row0 + 64 * wg + 16 * warp + g;  // this thread's rows: row0 and row0 + 8
+  RowState st;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r;
-    key_limit[r] = row < w.n_rows ? min(a.p.positions[w.token_begin + row / a.group], w.key_end - 1) : -1;
+    st.key_limit[r] = row < w.n_rows ? min(a.p.positions[w.token_begin + row / a.group], w.key_end - 1) : -1;
+    st.m[r] = -INFINITY;
+    st.l[r] = 0.0f;
   }
-  const int first_limit = min(key_limit[0], key_limit[1]);
-
+  st.first_limit = min(st.key_limit[0], st.key_limit[1]);
   float o[kD / 2];
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) o[i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-  const int n_tiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + kKeys - 1) / kKeys : 0;
-  const auto tile_key = [&](int tile) { return w.key_begin + tile * kKeys + tid; };
   if (n_tiles > 0) {
-    if (tid < kKeys) {
-      slots(0)[tid] = slot_or_none(a, w, tile_key(0));
-      slots(1)[tid] = slot_or_none(a, w, tile_key(1));
-    }
-    load_q(a, w, q_smem);
-    __syncthreads();  // the slots of tiles 0 and 1
-    copy_kv_tile(a, w, slots(0), k_smem(0));
-    cp_async_commit();  // Q and tile 0
-  }
-  // Q's rows of this warpgroup, and a k-step's offset into Q and into a K tile.
-  const uint32_t q_rows = q_smem + uint32_t(wg * 64 * 128);
-  const auto k_step = [](int kk, int atom_bytes) { return uint32_t((kk / 4) * atom_bytes + (kk % 4) * 32); };
-  for (int it = 0; it < n_tiles; ++it) {
-    const int stage = it % kStages, next = it + 1;
-    cp_async_wait<0>();
-    wgmma::fence_proxy_async();
-    // Tile it landed for every thread; every warpgroup is past tile it - 1's P V, so its stage
-    // takes tile it + 1, and the slots stored last iteration are visible.
-    __syncthreads();
-    if (next < n_tiles) copy_kv_tile(a, w, slots(next % kStages), k_smem(next % kStages));
-    cp_async_commit();
-    const int ahead_slot = tid < kKeys ? slot_or_none(a, w, tile_key(it + 2)) : -1;
-
-    const uint32_t k_tile = k_smem(stage), v_tile = k_tile + kKvBytes;
+    load_q(a, w, base, wg, 128 * wg + 32 * warp + lane);
+    const uint32_t q_rows = base + uint32_t(wg * 64 * 128);
     float s[kKeys / 2];
+    uint32_t p[kKeys / 16][4];
+    // Tile 0: scores and softmax alone.
+    mbarrier::wait(full_bar(base, 0), 0);
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.0f;
     wgmma::fence();
-    // A descriptor's address field is addr / 16 in its low 14 bits: a k-step's offset adds to
-    // it without a carry (shared memory is below 256 KB).
-    const uint64_t q_desc = wgmma::desc_k_major(q_rows), k_desc = wgmma::desc_k_major(k_tile);
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      wgmma::mma_ss<0>(s, q_desc + k_step(kk, kQAtomBytes) / 16, k_desc + k_step(kk, kKvAtomBytes) / 16);
-    wgmma::commit();
+    issue_scores(q_rows, base, 0, s);
     wgmma::wait<0>();
     wgmma::fence_acc(s);
-
-    // Accumulator i holds key 8 (i / 4) + 2 t4 + (i & 1) of row (i / 2) & 1.
-    const int key0 = w.key_begin + it * kKeys;
-    const bool masked = key0 + kKeys - 1 > first_limit;
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    softmax_tile(a, w.key_begin, t4, s, st);  // O is still zero: nothing to rescale
+    pack_p(s, p);
+    // Tile it's scores and softmax run beside tile it - 1's P V.
+    for (int it = 1; it < n_tiles; ++it) {
+      const int stage = it % kStages, prev = (it - 1) % kStages;
+      mbarrier::wait(full_bar(base, stage), uint32_t((it / kStages) & 1));
 #pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) {
-      const int r = (i / 2) & 1, key = key0 + 8 * (i / 4) + 2 * t4 + (i & 1);
-      const float x = masked && key > key_limit[r] ? -INFINITY : s[i] * a.scale_log2;
-      s[i] = x;
-      tile_max[r] = fmaxf(tile_max[r], x);
+      for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.0f;
+      wgmma::fence_acc(o);
+      wgmma::fence();
+      issue_scores(q_rows, base, stage, s);
+      issue_pv(p, base, prev, o);
+      wgmma::fence_acc(o);
+      wgmma::wait<1>();  // the scores; P V may still run
+      wgmma::fence_acc(s);
+      const float2 alpha = softmax_tile(a, w.key_begin + it * kKeys, t4, s, st);
+      wgmma::wait<0>();
+      wgmma::fence_acc(o);
+      give_back(base, prev, lane);
+      rescale(o, alpha);
+      pack_p(s, p);
     }
-    float alpha[2], base_r[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_tile = quad_max(tile_max[r]);
-      alpha[r] = 1.0f;
-      if (m_tile > m[r] + kRescaleSlack) {  // a row's first key too: m = -inf, alpha = 0
-        alpha[r] = exp2_approx(m[r] - m_tile);
-        m[r] = m_tile;
-      }
-      base_r[r] = m[r] == -INFINITY ? 0.0f : m[r];  // no key yet: exp2(-inf - 0) = 0, not NaN
-    }
-    float tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < kKeys / 2; ++i) {
-      const int r = (i / 2) & 1;
-      s[i] = exp2_approx(s[i] - base_r[r]);
-      tile_sum[r] += s[i];
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + tile_sum[r];
-    if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
-#pragma unroll
-      for (int i = 0; i < kD / 2; ++i) o[i] *= alpha[(i / 2) & 1];
-    }
-    // P as the A operand of k-step kk (keys 16 kk ..): the accumulators of n-tiles 2 kk and
-    // 2 kk + 1 are its rows g, g + 8 at keys 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9.
-    uint32_t p[kKeys / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) p[kk][j] = pack_bf16x2(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+    const int last = (n_tiles - 1) % kStages;
+    wgmma::fence_acc(o);
     wgmma::fence();
-    const uint64_t v_desc = wgmma::desc_mn_major(v_tile, kKvAtomBytes);
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) wgmma::mma_rs_mn(o, p[kk], v_desc + kk * 16 * 128 / 16);
-    wgmma::commit();
+    issue_pv(p, base, last, o);
     wgmma::wait<0>();
     wgmma::fence_acc(o);
-    // Tile it's slots were used when it was copied: the buffer takes tile it + 2.
-    if (tid < kKeys) slots(stage)[tid] = ahead_slot;
+    give_back(base, last, lane);
   }
 
   // O's row r, dims 8 j + 2 t4 and + 1, is o[4 j + 2 r] and o[4 j + 2 r + 1].
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    l[r] = quad_sum(l[r]);
+    const float l = quad_sum(st.l[r]);
     const int row = row0 + 8 * r;
     if (row >= w.n_rows) continue;  // a row with no key (in this split) writes zeros (m = -inf)
     const int64_t out_row = int64_t(w.token_begin + row / a.group) * a.p.n_heads + w.kv_head * a.group + row % a.group;
@@ -246,9 +354,9 @@ __device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* sm
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j)
         *reinterpret_cast<float2*>(dst + 8 * j + 2 * t4) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
-      if (t4 == 0) a.partial_ml[part] = make_float2(m[r], l[r]);
+      if (t4 == 0) a.partial_ml[part] = make_float2(st.m[r], l);
     } else {
-      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       uint16_t* dst = a.p.out + out_row * kD;
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j)
@@ -257,12 +365,12 @@ __device__ __forceinline__ void attend_row_tile(const KernelArgs& a, uint8_t* sm
   }
 }
 
-__global__ void __launch_bounds__(kThreads, kWgmmaBlocksPerSm) attention_wgmma_kernel(const KernelArgs a) {
-  pdl_wait();
-  pdl_launch_dependents();
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
-  uint8_t* smem = smem_raw + (base - raw);
+// Role 0: consumer warpgroups; 1: the copying warp; 2: the producer warpgroup's other warps,
+// which only keep the block's barriers. Each role runs its own loop over the block's row tiles
+// (the same barriers in the same order), so that the registers a role is given hold for all
+// of its code.
+template <int kRole>
+__device__ __forceinline__ void row_tiles(const KernelArgs& a, uint32_t base, int* warp_max, int warp, int lane) {
   const int n_heads_splits = a.p.n_kv_heads * a.n_splits;
   const int n_row_tiles = int(gridDim.x) / n_heads_splits;
   Work w;
@@ -275,8 +383,35 @@ __global__ void __launch_bounds__(kThreads, kWgmmaBlocksPerSm) attention_wgmma_k
   // past the plan's (a sequence longer than max_query_len) are still covered.
   for (int tile = n_row_tiles - 1 - int(blockIdx.x) / n_heads_splits; tile * kRows < w.n_rows; tile += n_row_tiles) {
     w.row0 = tile * kRows;
-    attend_row_tile(a, smem, base, w);
-    __syncthreads();  // shared memory is reused by the next row tile
+    if (kRole == 0 && threadIdx.x == 0) {  // fresh barriers for this row tile (the last one's are idle)
+      for (int s = 0; s < kStages; ++s) {
+        mbarrier::init(full_bar(base, s), 1);                       // the producer's lane 0
+        mbarrier::init(empty_bar(base, s), kConsumerThreads / 32);  // each consumer warp
+      }
+      mbarrier::fence_init();
+    }
+    key_range(a, w, warp_max);  // its block barrier also publishes the inits
+    const int n_tiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + kKeys - 1) / kKeys : 0;
+    if constexpr (kRole == 0) consume(a, w, base, n_tiles, warp / 4, warp % 4, lane);
+    if constexpr (kRole == 1) produce(a, w, base, n_tiles, lane);
+    __syncthreads();  // every stage consumed and every barrier idle: the next row tile reuses them
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const KernelArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
+  int* warp_max = reinterpret_cast<int*>(smem_raw + (base - raw) + kWarpMaxOffset);
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (warp < kConsumerThreads / 32) {
+    set_max_registers<kConsumerRegisters, true>();
+    row_tiles<0>(a, base, warp_max, warp, lane);
+  } else {
+    set_max_registers<kProducerRegisters, false>();
+    if (warp == kConsumerThreads / 32) row_tiles<1>(a, base, warp_max, warp, lane);
+    else row_tiles<2>(a, base, warp_max, warp, lane);
   }
 }
 

@@ -110,6 +110,12 @@ __device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t a, uint64_t b) {
                : "l"(a), "l"(b), "n"(kTransB));
 }
 template <int kTransB>
+__device__ __forceinline__ void mma_ss(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" TETRA_D64 "}, %64, %65, 1, 1, 1, 0, %66;"
+               : TETRA_ACC32(0), TETRA_ACC32(32)
+               : "l"(a), "l"(b), "n"(kTransB));
+}
+template <int kTransB>
 __device__ __forceinline__ void mma_ss(float (&d)[128], uint64_t a, uint64_t b) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" TETRA_D128 "}, %128, %129, 1, 1, 1, 0, %130;"
                : TETRA_ACC32(0), TETRA_ACC32(32), TETRA_ACC32(64), TETRA_ACC32(96)
