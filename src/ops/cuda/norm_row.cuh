@@ -29,7 +29,16 @@ __device__ __forceinline__ float block_sum(float s, float* partial) {
 // The thread layout of a wide row of d values (512 to 8,192, norm.cu's norm_row_kernel): calls
 // launch.template operator()<kPer, kRowThreads>() with kPer values a thread over kRowThreads
 // threads, at most 8 a thread. The kernels that must add a row's squares in one order (the norm,
-// the collective that ends in it) take their layout here.
+// the collective that ends in it) take their layout here, and their values' places from
+// row_value.
+// Value j of thread t's kPer: kPer consecutive values a thread (a BF16 run of 8 is one 16-byte
+// access), the threads' runs in order; the last threads of a row narrower than
+// kPer x kRowThreads hold none.
+template <int kPer>
+__device__ __forceinline__ int64_t row_value(int t, int j) {
+  return int64_t(t) * kPer + j;
+}
+
 template <typename Launch>
 void with_row_layout(int64_t d, Launch&& launch) {
   if (d <= 4 * 256) launch.template operator()<4, 256>();

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kRowThreads)
   float wv[kPer];  // the model's weight, fixed at load: read before the wait (launch.cuh)
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    const int64_t i = row_value<kPer>(threadIdx.x, j);
     wv[j] = i < d ? load_float(w, i, wdt) : 0.0f;
   }
   pdl_wait();
@@ -156,14 +156,14 @@ __global__ void __launch_bounds__(kRowThreads)
   if (has_row) {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+      const int64_t i = row_value<kPer>(threadIdx.x, j);
       own[j] = i < d ? delta[base + i] : from_float<T>(0.0f);
       hv[j] = i < d ? to_float(h[base + i]) : 0.0f;
     }
     T* mine = staging<T>(g, g.rank, epoch) + base;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+      const int64_t i = row_value<kPer>(threadIdx.x, j);
       if (i < d) mine[i] = own[j];
     }
   }
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kRowThreads)
       const T* theirs = staging<T>(g, r, epoch) + base;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
-        const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+        const int64_t i = row_value<kPer>(threadIdx.x, j);
         part[j] = i < d ? load_peer(theirs + i) : from_float<T>(0.0f);
       }
     }
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kRowThreads)
   float sq = 0.0f;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    const int64_t i = row_value<kPer>(threadIdx.x, j);
     v[j] = 0.0f;
     if (i >= d) continue;
     const float sum = to_float(from_float<T>(acc[j]));  // what the all-reduce stores
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const float inv = rsqrtf(block_sum<kRowThreads>(sq, partial) / float(d) + eps);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const int64_t i = threadIdx.x + int64_t(j) * kRowThreads;
+    const int64_t i = row_value<kPer>(threadIdx.x, j);
     if (i < d) store_float(out, base + i, odt, wv[j] * (v[j] * inv));
   }
 }
