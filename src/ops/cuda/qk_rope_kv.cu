@@ -107,95 +107,115 @@ __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_kernel(const HeadArgs 
     store_float(a.v_cache, v_at + i, a.cdt, to_cache_value(load_float(a.v, v_from + i, a.vdt), a.cdt, a.v_scale));
 }
 
-// The same step for prompt-sized batches, a head held in registers: lane l keeps values
-// l + 32 j (j < kPer), the elements the kernel above visits in the same order, so the norm's
-// sum and every rounding are the same; the head is read once and written once instead of a
-// round trip through memory per phase. Rope pairs sit in one lane (i and i + half, half a
-// multiple of 32) or in lanes l and l ^ 1 (interleaved). Used from kRowsFromTokens tokens:
-// at decode sizes it was slower (more registers, no gain in a round trip that PDL hides).
+// The same step for prompt-sized batches, heads held in registers: a warp takes kRowHeads
+// heads of a token (q heads, then k heads, in order), lane l keeping values l + 32 j (j < kPer)
+// of each, the elements the kernel above visits in the same order, so the norm's sum and every
+// rounding are the same. A head is read once and written once instead of a round trip through
+// memory per phase; a warp's heads are all loaded before any is computed (a head alone is 256
+// bytes in flight, too few to cover the memory's latency), and the token's rotation factors
+// are computed once for them. Rope pairs sit in one lane (i and i + half, half a multiple of
+// 32) or in lanes l and l ^ 1 (interleaved). Used from kRowsFromTokens tokens: at decode sizes
+// it was slower (more registers, no gain in a round trip that PDL hides).
 constexpr int64_t kRowsFromTokens = 128;
+constexpr int kRowHeads = 4;
 
 template <int kPer>
 __global__ void __launch_bounds__(kWarps * 32) qk_rope_kv_rows_kernel(const HeadArgs a) {
   const int lane = int(threadIdx.x) % 32;
+  const int heads = a.n_heads + a.n_kv_heads, groups = (heads + kRowHeads - 1) / kRowHeads;
   const int64_t w = int64_t(blockIdx.x) * kWarps + int(threadIdx.x) / 32;
-  const int heads = a.n_heads + a.n_kv_heads;
-  const bool active = w < a.n_tokens * heads;
-  const int hh = int(w % heads);
-  const bool is_q = hh < a.n_heads;
-  const void* norm = is_q ? a.q_norm : a.k_norm;
-  float norm_w[kPer], freq[kPer];
+  const bool active = w < a.n_tokens * groups;
+  float q_w[kPer], k_w[kPer], freq[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = lane + 32 * j;
-    norm_w[j] = active && norm ? load_float(norm, i, a.wdt) : 0.0f;
+    q_w[j] = active && a.q_norm ? load_float(a.q_norm, i, a.wdt) : 0.0f;
+    k_w[j] = active && a.k_norm ? load_float(a.k_norm, i, a.wdt) : 0.0f;
     const int p = a.interleaved ? i / 2 : i;  // the pair this element belongs to
     freq[j] = active && p < a.half ? a.inv_freq[p] : 0.0f;
   }
   pdl_wait();
   pdl_launch_dependents();
   if (!active) return;
-  const int64_t t = w / heads;
-  const int kv_head = hh - a.n_heads;
-  __nv_bfloat16* x = static_cast<__nv_bfloat16*>(is_q ? a.q : a.k);
-  const int64_t base = (is_q ? t * a.n_heads + hh : t * a.n_kv_heads + kv_head) * a.d;
-  float v[kPer];
+  const int64_t t = w / groups;
+  const int h0 = int(w % groups) * kRowHeads;
+  const auto head_row = [&](int hh) {  // the head's values in q or k
+    return hh < a.n_heads ? static_cast<__nv_bfloat16*>(a.q) + (t * a.n_heads + hh) * a.d
+                          : static_cast<__nv_bfloat16*>(a.k) + (t * a.n_kv_heads + hh - a.n_heads) * a.d;
+  };
+  float v[kRowHeads][kPer];
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) v[j] = __bfloat162float(x[base + lane + 32 * j]);
-  if (norm) {
-    float sq = 0.0f;
+  for (int h = 0; h < kRowHeads; ++h) {
+    if (h0 + h >= heads) break;
+    const __nv_bfloat16* x = head_row(h0 + h);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) sq += v[j] * v[j];
-    const float inv = rsqrtf(warp_sum(sq) / float(a.d) + a.eps);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) v[j] = round_to(DType::BF16, norm_w[j] * (v[j] * inv));
+    for (int j = 0; j < kPer; ++j) v[h][j] = __bfloat162float(x[lane + 32 * j]);
   }
+  // Value j's rotation factors (for the first of its pair: j < half / 32 unless interleaved).
   const float pos = float(a.positions[t]);
-  float out[kPer];
-  if (a.interleaved) {
-    const bool first = (lane & 1) == 0;
+  const int hj = a.half / 32;  // not interleaved: the partner of value j is value j + hj
+  float c[kPer], s[kPer];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const float other = __shfl_xor_sync(0xffffffffu, v[j], 1);
-      const int i = lane + 32 * j;
-      out[j] = v[j];
-      if (i / 2 < a.half) {
-        const float angle = pos * freq[j];
-        const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
-        const float x1 = first ? v[j] : other, x2 = first ? other : v[j];
-        out[j] = first ? rotate_first(x1, x2, c, s) : rotate_second(x1, x2, c, s);
+  for (int j = 0; j < kPer; ++j) {
+    const bool rotated = a.interleaved ? (lane + 32 * j) / 2 < a.half : j < hj;
+    const float angle = pos * freq[j];
+    c[j] = rotated ? cosf(angle) * a.scaling : 0.0f;
+    s[j] = rotated ? sinf(angle) * a.scaling : 0.0f;
+  }
+  const int32_t slot = a.slots[t];
+#pragma unroll
+  for (int h = 0; h < kRowHeads; ++h) {
+    const int hh = h0 + h;
+    if (hh >= heads) break;
+    const bool is_q = hh < a.n_heads;
+    if (a.q_norm) {
+      float sq = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) sq += v[h][j] * v[h][j];
+      const float inv = rsqrtf(warp_sum(sq) / float(a.d) + a.eps);
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) v[h][j] = round_to(DType::BF16, (is_q ? q_w[j] : k_w[j]) * (v[h][j] * inv));
+    }
+    float out[kPer];
+    if (a.interleaved) {
+      const bool first = (lane & 1) == 0;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const float other = __shfl_xor_sync(0xffffffffu, v[h][j], 1);
+        out[j] = v[h][j];
+        if ((lane + 32 * j) / 2 < a.half) {
+          const float x1 = first ? v[h][j] : other, x2 = first ? other : v[h][j];
+          out[j] = first ? rotate_first(x1, x2, c[j], s[j]) : rotate_second(x1, x2, c[j], s[j]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) out[j] = v[h][j];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (j >= hj) break;
+#pragma unroll
+        for (int k = 0; k < kPer; ++k)  // the partner, picked without indexing registers at run time
+          if (k == j + hj) {
+            out[j] = rotate_first(v[h][j], v[h][k], c[j], s[j]);
+            out[k] = rotate_second(v[h][j], v[h][k], c[j], s[j]);
+          }
       }
     }
-  } else {
-    const int hj = a.half / 32;  // the partner of value j is value j + hj
+    __nv_bfloat16* x = head_row(hh);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) out[j] = v[j];
+    for (int j = 0; j < kPer; ++j) x[lane + 32 * j] = __float2bfloat16(out[j]);
+    if (is_q || slot < 0 || slot >= a.n_slots) continue;
+    const int kv_head = hh - a.n_heads;
+    const int64_t k_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (j >= hj) break;
-      const float angle = pos * freq[j];
-      const float c = cosf(angle) * a.scaling, s = sinf(angle) * a.scaling;
-#pragma unroll
-      for (int k = 0; k < kPer; ++k)  // the partner, picked without indexing registers at run time
-        if (k == j + hj) {
-          out[j] = rotate_first(v[j], v[k], c, s);
-          out[k] = rotate_second(v[j], v[k], c, s);
-        }
-    }
+    for (int j = 0; j < kPer; ++j)
+      store_float(a.k_cache, k_at + lane + 32 * j, a.cdt,
+                  to_cache_value(round_to(DType::BF16, out[j]), a.cdt, a.k_scale));
+    const int64_t v_from = (t * a.n_kv_heads + kv_head) * a.d_v, v_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d_v;
+    for (int i = lane; i < a.d_v; i += 32)
+      store_float(a.v_cache, v_at + i, a.cdt, to_cache_value(load_float(a.v, v_from + i, a.vdt), a.cdt, a.v_scale));
   }
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) x[base + lane + 32 * j] = __float2bfloat16(out[j]);
-  if (is_q) return;
-  const int32_t slot = a.slots[t];
-  if (slot < 0 || slot >= a.n_slots) return;
-  const int64_t k_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j)
-    store_float(a.k_cache, k_at + lane + 32 * j, a.cdt,
-                to_cache_value(round_to(DType::BF16, out[j]), a.cdt, a.k_scale));
-  const int64_t v_from = (t * a.n_kv_heads + kv_head) * a.d_v, v_at = (int64_t(slot) * a.n_kv_heads + kv_head) * a.d_v;
-  for (int i = lane; i < a.d_v; i += 32)
-    store_float(a.v_cache, v_at + i, a.cdt, to_cache_value(load_float(a.v, v_from + i, a.vdt), a.cdt, a.v_scale));
 }
 
 // Whether the register-held kernel takes this step, and its values a lane.
@@ -368,10 +388,11 @@ void qk_norm_rope_kv_write(const KernelLaunch& launch, TensorView q, TensorView 
              positions.as<const int32_t>(), rope.inv_freq.as<const float>(), rope.attention_scaling,
              rope.rotary_dim / 2, rope.interleaved, slots.as<const int32_t>(), k_cache.data, v_cache.data, T,
              k_cache.dim(0) * k_cache.dim(1), int(H), int(KV), int(D), int(Dv), k_scale, v_scale};
-  const int64_t warps = T * (H + KV);
+  const int values = rows_kernel_values(a);
+  const int64_t warps = T * (values ? (H + KV + kRowHeads - 1) / kRowHeads : H + KV);
   TETRA_CHECK((warps + kWarps - 1) / kWarps <= INT32_MAX, op, ": too many heads for one launch");
   const unsigned blocks = unsigned((warps + kWarps - 1) / kWarps);
-  switch (rows_kernel_values(a)) {
+  switch (values) {
     case 1: launch_kernel(launch, qk_rope_kv_rows_kernel<1>, blocks, kWarps * 32, 0, a); break;
     case 2: launch_kernel(launch, qk_rope_kv_rows_kernel<2>, blocks, kWarps * 32, 0, a); break;
     case 4: launch_kernel(launch, qk_rope_kv_rows_kernel<4>, blocks, kWarps * 32, 0, a); break;
