@@ -13,7 +13,8 @@
 //     its copies have landed; the consumers hand it back through another;
 //   - a consumer warpgroup scores S = Q K^T (8 k-steps of m64n128k16, Q and K from shared
 //     memory) and, while the tensor cores add the previous tile's O += P V (P from registers,
-//     V read MN-major), runs the online softmax of this one.
+//     V read MN-major), runs the online softmax of this one; the two warpgroups take turns
+//     to issue their MMAs, so that one's softmax runs beside the other's MMAs.
 // A row's reference maximum moves only when a tile beats it by more than kRescaleSlack, so O's
 // rescale is skipped in most tiles. Splits leave (max, sum, unnormalized output) for
 // attention_gqa.cu's combine kernel, as the mma.sync kernels do.
@@ -172,6 +173,17 @@ __device__ __forceinline__ void warpgroup_sync(int wg) {
   asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
 }
 
+// The two consumer warpgroups take turns to issue their MMAs (FlashAttention-3's ping-pong):
+// one's softmax runs while the other's MMAs do. Warpgroup wg waits on barrier 3 + wg for its
+// turn and, having issued, gives the turn to the other; warpgroup 1 gives warpgroup 0 the
+// first turn, and does not give one after its last issue, so the counts match.
+__device__ __forceinline__ void wait_turn(int wg) {
+  asm volatile("bar.sync %0, 256;" ::"r"(3 + wg) : "memory");
+}
+__device__ __forceinline__ void give_turn(int wg) {
+  asm volatile("bar.arrive %0, 256;" ::"r"(3 + (1 - wg)) : "memory");
+}
+
 // The warpgroup's 64 Q rows, by its 128 threads; padding rows are zeros.
 __device__ __forceinline__ void load_q(const KernelArgs& a, const Work& w, uint32_t q_smem, int wg, int t) {
   constexpr int kPerThread = 64 * kChunks / 128;
@@ -302,12 +314,15 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
     const uint32_t q_rows = base + uint32_t(wg * 64 * 128);
     float s[kKeys / 2];
     uint32_t p[kKeys / 16][4];
+    if (wg == 1) give_turn(wg);
     // Tile 0: scores and softmax alone.
     mbarrier::wait(full_bar(base, 0), 0);
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.0f;
+    wait_turn(wg);
     wgmma::fence();
     issue_scores(q_rows, base, 0, s);
+    give_turn(wg);
     wgmma::wait<0>();
     wgmma::fence_acc(s);
     softmax_tile(a, w.key_begin, t4, s, st);  // O is still zero: nothing to rescale
@@ -319,9 +334,11 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.0f;
       wgmma::fence_acc(o);
+      wait_turn(wg);
       wgmma::fence();
       issue_scores(q_rows, base, stage, s);
       issue_pv(p, base, prev, o);
+      give_turn(wg);
       wgmma::fence_acc(o);
       wgmma::wait<1>();  // the scores; P V may still run
       wgmma::fence_acc(s);
@@ -334,8 +351,10 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
     }
     const int last = (n_tiles - 1) % kStages;
     wgmma::fence_acc(o);
+    wait_turn(wg);
     wgmma::fence();
     issue_pv(p, base, last, o);
+    if (wg == 0) give_turn(wg);
     wgmma::wait<0>();
     wgmma::fence_acc(o);
     give_back(base, last, lane);
