@@ -15,8 +15,8 @@
 //     memory) and, while the tensor cores add the previous tile's O += P V (P from registers,
 //     V read MN-major), runs the online softmax of this one; the two warpgroups take turns
 //     to issue their MMAs, so that one's softmax runs beside the other's MMAs.
-// A row's reference maximum moves only when a tile beats it by more than kRescaleSlack, so O's
-// rescale is skipped in most tiles. Splits leave (max, sum, unnormalized output) for
+// A row's reference maximum moves only past a slack (wgmma_softmax.cuh), so O's rescale is
+// skipped in most tiles. Splits leave (max, sum, unnormalized output) for
 // attention_gqa.cu's combine kernel, as the mma.sync kernels do.
 #include <cuda_bf16.h>
 
@@ -28,6 +28,7 @@
 #include "ops/cuda/mbarrier.cuh"
 #include "ops/cuda/mma_sync.cuh"
 #include "ops/cuda/wgmma.cuh"
+#include "ops/cuda/wgmma_softmax.cuh"
 
 namespace tetra::ops::cuda::gqa {
 namespace {
@@ -49,9 +50,6 @@ constexpr int kStageBytes = 2 * kKvBytes;              // K then V
 constexpr int kBarOffset = kStageOffset + kStages * kStageBytes;  // full[kStages], then empty[kStages]
 constexpr int kWarpMaxOffset = kBarOffset + 2 * kStages * 8;
 constexpr int kSmemBytes = kWarpMaxOffset + (kThreads / 32) * 4 + 1024;  // + alignment slack
-// The softmax keeps a row's reference maximum until a tile beats it by more than this (log2
-// units, a factor 256): the weights stay at most 2^8, exact in f32 and as BF16 as any others.
-constexpr float kRescaleSlack = 8.0f;
 static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
 static_assert(kKeys % 32 == 0 && kRows % 2 == 0, "a producer lane finds kKeys / 32 slots");
 // The producer waits for a stage's consumers to be done with it, and consumers give tile it - 1
@@ -226,27 +224,7 @@ __device__ __forceinline__ float2 softmax_tile(const KernelArgs& a, int key0, in
     s[i] = x;
     tile_max[r] = fmaxf(tile_max[r], x);
   }
-  float alpha[2], base_r[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float m_tile = quad_max(tile_max[r]);
-    alpha[r] = 1.0f;
-    if (m_tile > st.m[r] + kRescaleSlack) {  // a row's first key too: m = -inf, alpha = 0
-      alpha[r] = exp2_approx(st.m[r] - m_tile);
-      st.m[r] = m_tile;
-    }
-    base_r[r] = st.m[r] == -INFINITY ? 0.0f : st.m[r];  // no key yet: exp2(-inf - 0) = 0, not NaN
-  }
-  float tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int i = 0; i < kKeys / 2; ++i) {
-    const int r = (i / 2) & 1;
-    s[i] = exp2_approx(s[i] - base_r[r]);
-    tile_sum[r] += s[i];
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) st.l[r] = st.l[r] * alpha[r] + tile_sum[r];
-  return make_float2(alpha[0], alpha[1]);
+  return wgmma::softmax_tile(s, tile_max, st.m, st.l);
 }
 
 // P as the A operand of k-step kk (keys 16 kk ..): the accumulators of n-tiles 2 kk and 2 kk + 1

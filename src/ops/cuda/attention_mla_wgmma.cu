@@ -11,7 +11,8 @@
 //   - warpgroup 1 meanwhile issues the copy of the next tile, and finds the slots of the one
 //     after while its MMAs run, so neither the copies nor the block-table reads wait on the
 //     scores;
-//   - both warpgroups rescale (only when a row's maximum grew by more than kRescaleSlack) and
+//   - both warpgroups rescale (only when a row's maximum grew by more than wgmma_softmax.cuh's
+//     slack) and
 //     accumulate their half of the output dims, O += P V, V being the first 512 values of the
 //     same tile read as an MN-major operand (m64n256k16, 4 k-steps).
 // Two barriers a tile: the tile has landed (and the previous one is consumed), and P is ready.
@@ -27,6 +28,7 @@
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_sync.cuh"
 #include "ops/cuda/wgmma.cuh"
+#include "ops/cuda/wgmma_softmax.cuh"
 
 namespace tetra::ops::cuda::mla {
 namespace {
@@ -45,10 +47,6 @@ constexpr int kSumOffset = kAlphaOffset + kRows * 4;
 constexpr int kSlotsOffset = kSumOffset + kRows * 4;
 constexpr int kHasKeyOffset = kSlotsOffset + kSlotBuffers * kKeys * 4;
 constexpr int kSmemBytes = kHasKeyOffset + kSlotBuffers * (kKeys / 32) * 4 + 1024;  // + alignment slack
-// The softmax keeps a row's reference maximum until a tile beats it by more than this (log2
-// units, a factor 256): the output's rescale is skipped in most tiles, and the weights stay
-// at most 2^8, exact in f32 and as BF16 as any others.
-constexpr float kRescaleSlack = 8.0f;
 static_assert(kRows == kKeys, "Q and a key tile share one layout");
 static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
 static_assert(kKeys <= kThreads, "one thread finds each key's slot");
@@ -262,26 +260,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
           s[i] = x;
           tile_max[r] = fmaxf(tile_max[r], x);
         }
-        float base_r[2], alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float m_tile = quad_max(tile_max[r]);
-          alpha[r] = 1.0f;
-          if (m_tile > m[r] + kRescaleSlack) {  // the first key of a row too: m = -inf, alpha = 0
-            alpha[r] = exp2_approx(m[r] - m_tile);
-            m[r] = m_tile;
-          }
-          base_r[r] = m[r] == -INFINITY ? 0.0f : m[r];  // no key yet: exp2(-inf - 0) = 0, not NaN
-        }
-        float tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < kKeys / 2; ++i) {
-          const int r = (i / 2) & 1;
-          s[i] = exp2_approx(s[i] - base_r[r]);
-          tile_sum[r] += s[i];
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + tile_sum[r];
+        const float2 factor = wgmma::softmax_tile(s, tile_max, m, l);
+        const float alpha[2] = {factor.x, factor.y};
         // P as the K-major A operand of P V: row r's keys 8j .. 8j + 7 are its 16-byte unit j.
 #pragma unroll
         for (int j = 0; j < kKeys / 8; ++j)
