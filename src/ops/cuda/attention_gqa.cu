@@ -6,7 +6,7 @@
 // of 8 heads fills half of one m16n8k16 tile instead of one row of it.
 //
 // One kernel, two configurations (attention_mma_kernel, shapes in DecodeTile / PrefillTile),
-// and a wgmma kernel for prefill of a BF16 cache at head dim 128 (attention_gqa_wgmma.cu):
+// and a wgmma kernel for prefill at head dim 128 (attention_gqa_wgmma.cu):
 // - Decode (a sequence's rows fit 16): the warps of a block share the 16 rows and split each
 //   64-key tile between them, then merge their softmax states. The keys of a (sequence, KV
 //   head) are also split over enough blocks to fill the GPU even for one sequence
@@ -214,14 +214,8 @@ __device__ __forceinline__ void widen_tile(const uint8_t* k_stage, const uint8_t
   constexpr int kRowChunks = T::kD / 16, kChunks = T::kKeys * kRowChunks;
   constexpr int kPerThread = (kChunks + T::kThreads - 1) / T::kThreads;
   const auto widen = [](const uint8_t* src, uint16_t* dst) {
-    const uint4 v = *reinterpret_cast<const uint4*>(src);
     uint32_t out[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t h = e4m3x2_to_f16x2(word(v, i / 2) >> (16 * (i & 1)));
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-      out[i] = pack_bf16x2(f.x, f.y);
-    }
+    gqa::widen_e4m3x16(*reinterpret_cast<const uint4*>(src), out);
     reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
   };
@@ -950,7 +944,7 @@ PagedAttentionPlan make_plan(const PagedAttentionParams& p, int sm_count) {
   plan.head_dim_tile = d <= 64 ? 64 : d <= 128 ? 128 : 256;
   const int64_t rows = int64_t(p.max_query_len) * (p.n_heads / p.n_kv_heads);
   const bool decode = rows <= kDecodeRows;
-  const bool wgmma = !decode && !p.fp8_cache && p.d_k == gqa::kWgmmaHeadDim && p.d_v == gqa::kWgmmaHeadDim;
+  const bool wgmma = !decode && p.d_k == gqa::kWgmmaHeadDim && p.d_v == gqa::kWgmmaHeadDim;
   plan.path = decode ? PagedAttentionPath::Decode : wgmma ? PagedAttentionPath::PrefillWgmma : PagedAttentionPath::Prefill;
   const TileGeometry tile = wgmma ? TileGeometry{gqa::kWgmmaRows, gqa::kWgmmaKeys, gqa::kWgmmaBlocksPerSm}
                                   : tile_geometry(plan.head_dim_tile, decode, p.fp8_cache);

@@ -8,6 +8,9 @@
 #include "core/fast_divide.h"
 #include "ops/cuda/attention_gqa.h"
 #include "ops/cuda/launch.h"
+#if defined(__CUDACC__)
+#include "ops/cuda/mma_sync.cuh"
+#endif
 
 namespace tetra::ops::cuda::gqa {
 
@@ -26,6 +29,17 @@ struct KernelArgs {
 };
 
 #if defined(__CUDACC__)
+// 16 E4M3 values (one 16-byte chunk of an FP8 cache row) as 16 BF16 values in 8 words, in
+// order: exact (E4M3's 3 mantissa bits fit BF16's 7), through FP16 (one cvt a pair).
+__device__ __forceinline__ void widen_e4m3x16(const uint4& v, uint32_t (&out)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t h = e4m3x2_to_f16x2(word(v, i / 2) >> (16 * (i & 1)));
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    out[i] = pack_bf16x2(f.x, f.y);
+  }
+}
+
 __device__ __forceinline__ int slot_of(const KernelArgs& a, int seq, int key) {
   const uint32_t index = a.block.quotient(uint32_t(key));
   const int block = a.p.block_tables[int64_t(seq) * a.p.max_blocks_per_seq + index];
@@ -33,8 +47,9 @@ __device__ __forceinline__ int slot_of(const KernelArgs& a, int seq, int key) {
 }
 #endif
 
-// The wgmma prefill kernel (PagedAttentionPath::PrefillWgmma): BF16 cache, d_k = d_v = 128;
-// a block is 128 query rows (two consumer warpgroups) against 128-key tiles, one block an SM.
+// The wgmma prefill kernel (PagedAttentionPath::PrefillWgmma): d_k = d_v = 128, a BF16 or FP8
+// cache; a block is 128 query rows (two consumer warpgroups) against 128-key tiles, one block
+// an SM.
 constexpr int kWgmmaHeadDim = 128, kWgmmaRows = 128, kWgmmaKeys = 128, kWgmmaBlocksPerSm = 1;
 
 // grid: (row tiles x KV heads x splits, sequences), the longest row tiles first.

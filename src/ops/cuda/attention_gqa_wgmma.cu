@@ -1,5 +1,5 @@
-// Causal GQA prefill attention on wgmma (sm_90a): paged_attention's PrefillWgmma path, a BF16
-// cache and head dim 128 (attention_gqa.h).
+// Causal GQA prefill attention on wgmma (sm_90a): paged_attention's PrefillWgmma path, head
+// dim 128 over a BF16 or an FP8 cache (attention_gqa.h).
 //
 // The mma.sync prefill kernel runs at about 30% of the tensor rate, bound by its operand
 // traffic: every warp re-reads Q and each K/V tile through ldmatrix into registers. Here the
@@ -7,10 +7,13 @@
 // the work is split by role, as FlashAttention-3 does:
 //   - a block is 128 packed query rows (token-major (token, head) pairs of one sequence and KV
 //     head, as in the mma.sync kernels): two consumer warpgroups of 64 rows, and a producer
-//     warpgroup whose first warp copies (the others give their registers to the consumers);
-//   - the producer gathers each 128-key tile's K and V rows by slot (cp.async, 128-byte
-//     swizzled) into a ring of kStages stages, and hands a stage over through an mbarrier once
-//     its copies have landed; the consumers hand it back through another;
+//     warpgroup that gives most of its registers to the consumers;
+//   - the producer gathers each 128-key tile's K and V rows by slot into a ring of stages
+//     (128-byte swizzled BF16), and hands a stage over through an mbarrier once it is filled;
+//     the consumers hand it back through another. A BF16 cache's rows are copied straight
+//     into the stage by one warp (cp.async); an FP8 cache's bytes are copied by the whole
+//     warpgroup into a staging buffer, a tile ahead, and widened into the stage (exact), with
+//     the scales in the softmax's (k) and the output's (v) factors;
 //   - a consumer warpgroup scores S = Q K^T (8 k-steps of m64n128k16, Q and K from shared
 //     memory) and, while the tensor cores add the previous tile's O += P V (P from registers,
 //     V read MN-major), runs the online softmax of this one; the two warpgroups take turns
@@ -40,22 +43,30 @@ constexpr int kThreads = kConsumerThreads + 128;    // and a producer warpgroup 
 // and P of 64 rows against 128 keys take 160 a consumer thread.
 constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
 static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 64 * 1024, "the register file");
-constexpr int kStages = 3;                          // the producer runs up to two tiles ahead
-constexpr int kChunks = kD / 8;                     // 16-byte chunks of a row
+constexpr int kChunks = kD / 8;                     // 16-byte chunks of a BF16 row
 constexpr int kQAtomBytes = kRows * 128;            // 64 dims of every Q row
 constexpr int kKvAtomBytes = kKeys * 128;           // 64 dims of every key of a tile
 constexpr int kKvBytes = (kD / 64) * kKvAtomBytes;  // a tile's K, or its V
 constexpr int kStageOffset = (kD / 64) * kQAtomBytes;  // Q first
 constexpr int kStageBytes = 2 * kKvBytes;              // K then V
-constexpr int kBarOffset = kStageOffset + kStages * kStageBytes;  // full[kStages], then empty[kStages]
-constexpr int kWarpMaxOffset = kBarOffset + 2 * kStages * 8;
-constexpr int kSmemBytes = kWarpMaxOffset + (kThreads / 32) * 4 + 1024;  // + alignment slack
-static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
-static_assert(kKeys % 32 == 0 && kRows % 2 == 0, "a producer lane finds kKeys / 32 slots");
-// The producer waits for a stage's consumers to be done with it, and consumers give tile it - 1
-// back only after waiting for tile it: with fewer than 3 stages the producer, which signals
-// tile it - 1 after issuing tile it, would wait on them while they wait on it.
-static_assert(kStages >= 3, "no deadlock between the producer and the consumers");
+static_assert(kKeys == 128 && kKeys % 32 == 0, "a producer lane finds kKeys / 32 slots; an FP8 producer thread one");
+
+// Shared memory past the stages: FP8's two staging buffers (a tile's K bytes, then its V
+// bytes), the stages' full and empty barriers, the warps' maxima of key_range.
+template <bool kFp8>
+struct Layout {
+  // BF16: the copying warp signals tile it - 1 after issuing tile it, and consumers give tile
+  // it - 1 back only after waiting for tile it, so with fewer than 3 stages each would wait on
+  // the other. FP8: the producer fills a stage only once its staged bytes have landed, and
+  // signals it at once: two stages, which leaves room for the staging buffers.
+  static constexpr int kStages = kFp8 ? 2 : 3;
+  static constexpr int kStagingOffset = kStageOffset + kStages * kStageBytes;
+  static constexpr int kStagingBytes = 2 * kKeys * kD;
+  static constexpr int kBarOffset = kStagingOffset + (kFp8 ? 2 * kStagingBytes : 0);
+  static constexpr int kWarpMaxOffset = kBarOffset + 2 * kStages * 8;
+  static constexpr int kSmemBytes = kWarpMaxOffset + (kThreads / 32) * 4 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
+};
 
 // One block's work: a row tile of one (sequence, KV head), one key split.
 struct Work {
@@ -76,9 +87,13 @@ __device__ __forceinline__ uint32_t tile_unit(int r, int c, int atom_bytes) {
   return uint32_t((c / 8) * atom_bytes) + wgmma::swizzled(r, c % 8);
 }
 
-__device__ __forceinline__ uint32_t full_bar(uint32_t base, int s) { return base + uint32_t(kBarOffset + 8 * s); }
+template <bool kFp8>
+__device__ __forceinline__ uint32_t full_bar(uint32_t base, int s) {
+  return base + uint32_t(Layout<kFp8>::kBarOffset + 8 * s);
+}
+template <bool kFp8>
 __device__ __forceinline__ uint32_t empty_bar(uint32_t base, int s) {
-  return base + uint32_t(kBarOffset + 8 * (kStages + s));
+  return base + uint32_t(Layout<kFp8>::kBarOffset + 8 * (Layout<kFp8>::kStages + s));
 }
 
 // The block's key range: this split's keys, cut at the last position any of its rows has.
@@ -144,15 +159,17 @@ __device__ __forceinline__ void copy_tile(const KernelArgs& a, const Work& w, co
 __device__ __forceinline__ void hand_over(uint32_t base, int tile, int lane) {
   wgmma::fence_proxy_async();
   __syncwarp();
-  if (lane == 0) mbarrier::arrive(full_bar(base, tile % kStages));
+  if (lane == 0) mbarrier::arrive(full_bar<false>(base, tile % Layout<false>::kStages));
 }
 
-__device__ __forceinline__ void produce(const KernelArgs& a, const Work& w, uint32_t base, int n_tiles, int lane) {
+// A BF16 cache: one warp copies the rows into the stages.
+__device__ __forceinline__ void produce_bf16(const KernelArgs& a, const Work& w, uint32_t base, int n_tiles, int lane) {
+  constexpr int kStages = Layout<false>::kStages;
   if (n_tiles == 0) return;
   TileSlots slots = find_slots(a, w, 0, lane);
   for (int it = 0; it < n_tiles; ++it) {
     const int stage = it % kStages;
-    if (it >= kStages) mbarrier::wait(empty_bar(base, stage), uint32_t((it / kStages - 1) & 1));
+    if (it >= kStages) mbarrier::wait(empty_bar<false>(base, stage), uint32_t((it / kStages - 1) & 1));
     copy_tile(a, w, slots, base + uint32_t(kStageOffset + stage * kStageBytes), lane);
     cp_async_commit();
     if (it + 1 < n_tiles) slots = find_slots(a, w, it + 1, lane);  // in flight across the wait below
@@ -163,6 +180,73 @@ __device__ __forceinline__ void produce(const KernelArgs& a, const Work& w, uint
   }
   cp_async_wait<0>();
   hand_over(base, n_tiles - 1, lane);
+}
+
+__device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 5, 128;" ::: "memory"); }
+
+// An FP8 tile's K and V bytes into a staging buffer, by the producer warpgroup (t: its thread):
+// each warp the rows of its 32 keys, four rows an instruction (a lane a 16-byte chunk, a row's
+// 128 bytes contiguous); rows of slot -1 are zeros.
+__device__ __forceinline__ void stage_fp8_tile(const KernelArgs& a, const Work& w, int tile, uint32_t staging, int t) {
+  const uint8_t* k_cache = static_cast<const uint8_t*>(a.p.k_cache);
+  const uint8_t* v_cache = static_cast<const uint8_t*>(a.p.v_cache);
+  const int lane = t % 32, warp_row0 = t - lane, c = lane % 8;
+  const int my_slot = slot_or_none(a, w, w.key_begin + tile * kKeys + t);  // key t of the tile
+#pragma unroll 4
+  for (int i = 0; i < 8; ++i) {
+    const int r = warp_row0 + 4 * i + lane / 8;
+    const int slot = __shfl_sync(0xffffffffu, my_slot, 4 * i + lane / 8);
+    const bool valid = slot >= 0;
+    const int64_t offset = valid ? (int64_t(slot) * a.p.n_kv_heads + w.kv_head) * kD + 16 * c : 0;
+    const uint32_t dst = staging + uint32_t(r * kD + 16 * c);
+    cp_async_16(dst, k_cache + offset, valid);
+    cp_async_16(dst + kKeys * kD, v_cache + offset, valid);
+  }
+}
+
+// A staged FP8 tile widened into a stage's BF16 K and V tiles (exact), by the producer warpgroup:
+// 16-byte chunk c of row r (16 values) becomes units 2c and 2c + 1 of the swizzled row.
+__device__ __forceinline__ void widen_fp8_tile(const uint8_t* staging, uint32_t k_smem, int t) {
+  constexpr int kRowChunks = kD / 16, kTileChunks = kKeys * kRowChunks;
+#pragma unroll 4
+  for (int i = 0; i < 2 * kTileChunks / 128; ++i) {
+    const int q = t + 128 * i, kv = q / kTileChunks, r = (q % kTileChunks) / kRowChunks, c = q % kRowChunks;
+    uint32_t out[8];
+    widen_e4m3x16(*reinterpret_cast<const uint4*>(staging + kv * kKeys * kD + r * kD + 16 * c), out);
+    const uint32_t tile = k_smem + uint32_t(kv * kKvBytes);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(tile + tile_unit(r, 2 * c, kKvAtomBytes)),
+                 "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
+                 : "memory");
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(tile + tile_unit(r, 2 * c + 1, kKvAtomBytes)),
+                 "r"(out[4]), "r"(out[5]), "r"(out[6]), "r"(out[7])
+                 : "memory");
+  }
+}
+
+// An FP8 cache: the producer warpgroup stages tile it + 1's bytes while it widens tile it.
+__device__ __forceinline__ void produce_fp8(const KernelArgs& a, const Work& w, uint32_t base, uint8_t* smem,
+                                            int n_tiles, int t) {
+  using L = Layout<true>;
+  if (n_tiles == 0) return;
+  const auto staging = [&](int b) { return uint32_t(L::kStagingOffset + b * L::kStagingBytes); };
+  stage_fp8_tile(a, w, 0, base + staging(0), t);
+  cp_async_commit();
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it % L::kStages;
+    if (it + 1 < n_tiles) {  // its buffer held tile it - 1, widened last iteration
+      stage_fp8_tile(a, w, it + 1, base + staging((it + 1) % 2), t);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    producer_sync();  // every thread's bytes of tile it have landed
+    if (it >= L::kStages) mbarrier::wait(empty_bar<true>(base, stage), uint32_t((it / L::kStages - 1) & 1));
+    widen_fp8_tile(smem + staging(it % 2), base + uint32_t(kStageOffset + stage * kStageBytes), t);
+    wgmma::fence_proxy_async();
+    producer_sync();  // the whole tile is widened (and its staging buffer free for tile it + 2)
+    if (t == 0) mbarrier::arrive(full_bar<true>(base, stage));
+  }
 }
 
 // ---- the consumer warpgroups ----
@@ -265,13 +349,16 @@ __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kKeys / 16][4], uin
 }
 
 // This warp is done with the stage (its wgmma groups that read it have completed).
+template <bool kFp8>
 __device__ __forceinline__ void give_back(uint32_t base, int stage, int lane) {
   __syncwarp();
-  if (lane == 0) mbarrier::arrive(empty_bar(base, stage));
+  if (lane == 0) mbarrier::arrive(empty_bar<kFp8>(base, stage));
 }
 
+template <bool kFp8>
 __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint32_t base, int n_tiles, int wg,
                                         int warp, int lane) {
+  constexpr int kStages = Layout<kFp8>::kStages;
   const int g = lane / 4, t4 = lane % 4;
   const int row0 = w.row0 + 64 * wg + 16 * warp + g;  // this thread's rows: row0 and row0 + 8
   RowState st;
@@ -294,7 +381,7 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
     uint32_t p[kKeys / 16][4];
     if (wg == 1) give_turn(wg);
     // Tile 0: scores and softmax alone.
-    mbarrier::wait(full_bar(base, 0), 0);
+    mbarrier::wait(full_bar<kFp8>(base, 0), 0);
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.0f;
     wait_turn(wg);
@@ -308,7 +395,7 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
     // Tile it's scores and softmax run beside tile it - 1's P V.
     for (int it = 1; it < n_tiles; ++it) {
       const int stage = it % kStages, prev = (it - 1) % kStages;
-      mbarrier::wait(full_bar(base, stage), uint32_t((it / kStages) & 1));
+      mbarrier::wait(full_bar<kFp8>(base, stage), uint32_t((it / kStages) & 1));
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.0f;
       wgmma::fence_acc(o);
@@ -323,7 +410,7 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
       const float2 alpha = softmax_tile(a, w.key_begin + it * kKeys, t4, s, st);
       wgmma::wait<0>();
       wgmma::fence_acc(o);
-      give_back(base, prev, lane);
+      give_back<kFp8>(base, prev, lane);
       rescale(o, alpha);
       pack_p(s, p);
     }
@@ -335,10 +422,11 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
     if (wg == 0) give_turn(wg);
     wgmma::wait<0>();
     wgmma::fence_acc(o);
-    give_back(base, last, lane);
+    give_back<kFp8>(base, last, lane);
   }
 
-  // O's row r, dims 8 j + 2 t4 and + 1, is o[4 j + 2 r] and o[4 j + 2 r + 1].
+  // O's row r, dims 8 j + 2 t4 and + 1, is o[4 j + 2 r] and o[4 j + 2 r + 1]; an FP8 cache's V
+  // values are v / v_scale (v_scale is 1 for BF16).
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float l = quad_sum(st.l[r]);
@@ -350,10 +438,11 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
       float* dst = a.partial_acc + part * kD;
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j)
-        *reinterpret_cast<float2*>(dst + 8 * j + 2 * t4) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+        *reinterpret_cast<float2*>(dst + 8 * j + 2 * t4) =
+            make_float2(o[4 * j + 2 * r] * a.v_scale, o[4 * j + 2 * r + 1] * a.v_scale);
       if (t4 == 0) a.partial_ml[part] = make_float2(st.m[r], l);
     } else {
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float inv = l > 0.0f ? a.v_scale / l : 0.0f;
       uint16_t* dst = a.p.out + out_row * kD;
 #pragma unroll
       for (int j = 0; j < kD / 8; ++j)
@@ -362,12 +451,13 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
   }
 }
 
-// Role 0: consumer warpgroups; 1: the copying warp; 2: the producer warpgroup's other warps,
-// which only keep the block's barriers. Each role runs its own loop over the block's row tiles
-// (the same barriers in the same order), so that the registers a role is given hold for all
-// of its code.
-template <int kRole>
-__device__ __forceinline__ void row_tiles(const KernelArgs& a, uint32_t base, int* warp_max, int warp, int lane) {
+// Role 0: consumer warpgroups; 1: the producer (a BF16 cache's copying warp, or an FP8 cache's
+// whole warpgroup); 2: a BF16 producer warpgroup's other warps, which only keep the block's
+// barriers. Each role runs its own loop over the block's row tiles (the same barriers in the
+// same order), so that the registers a role is given hold for all of its code.
+template <int kRole, bool kFp8>
+__device__ __forceinline__ void row_tiles(const KernelArgs& a, uint32_t base, uint8_t* smem, int warp, int lane) {
+  using L = Layout<kFp8>;
   const int n_heads_splits = a.p.n_kv_heads * a.n_splits;
   const int n_row_tiles = int(gridDim.x) / n_heads_splits;
   Work w;
@@ -381,48 +471,60 @@ __device__ __forceinline__ void row_tiles(const KernelArgs& a, uint32_t base, in
   for (int tile = n_row_tiles - 1 - int(blockIdx.x) / n_heads_splits; tile * kRows < w.n_rows; tile += n_row_tiles) {
     w.row0 = tile * kRows;
     if (kRole == 0 && threadIdx.x == 0) {  // fresh barriers for this row tile (the last one's are idle)
-      for (int s = 0; s < kStages; ++s) {
-        mbarrier::init(full_bar(base, s), 1);                       // the producer's lane 0
-        mbarrier::init(empty_bar(base, s), kConsumerThreads / 32);  // each consumer warp
+      for (int s = 0; s < L::kStages; ++s) {
+        mbarrier::init(full_bar<kFp8>(base, s), 1);                       // the producer's thread 0
+        mbarrier::init(empty_bar<kFp8>(base, s), kConsumerThreads / 32);  // each consumer warp
       }
       mbarrier::fence_init();
     }
-    key_range(a, w, warp_max);  // its block barrier also publishes the inits
+    key_range(a, w, reinterpret_cast<int*>(smem + L::kWarpMaxOffset));  // its block barrier publishes the inits
     const int n_tiles = w.key_end > w.key_begin ? (w.key_end - w.key_begin + kKeys - 1) / kKeys : 0;
-    if constexpr (kRole == 0) consume(a, w, base, n_tiles, warp / 4, warp % 4, lane);
-    if constexpr (kRole == 1) produce(a, w, base, n_tiles, lane);
+    if constexpr (kRole == 0) consume<kFp8>(a, w, base, n_tiles, warp / 4, warp % 4, lane);
+    if constexpr (kRole == 1) {
+      if constexpr (kFp8) produce_fp8(a, w, base, smem, n_tiles, int(threadIdx.x) - kConsumerThreads);
+      else produce_bf16(a, w, base, n_tiles, lane);
+    }
     __syncthreads();  // every stage consumed and every barrier idle: the next row tile reuses them
   }
 }
 
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const KernelArgs a) {
   pdl_wait();
   pdl_launch_dependents();
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw), base = (raw + 1023u) & ~1023u;
-  int* warp_max = reinterpret_cast<int*>(smem_raw + (base - raw) + kWarpMaxOffset);
+  uint8_t* smem = smem_raw + (base - raw);
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (warp < kConsumerThreads / 32) {
     set_max_registers<kConsumerRegisters, true>();
-    row_tiles<0>(a, base, warp_max, warp, lane);
+    row_tiles<0, kFp8>(a, base, smem, warp, lane);
   } else {
     set_max_registers<kProducerRegisters, false>();
-    if (warp == kConsumerThreads / 32) row_tiles<1>(a, base, warp_max, warp, lane);
-    else row_tiles<2>(a, base, warp_max, warp, lane);
+    if (kFp8 || warp == kConsumerThreads / 32) row_tiles<1, kFp8>(a, base, smem, warp, lane);
+    else row_tiles<2, kFp8>(a, base, smem, warp, lane);
   }
+}
+
+template <bool kFp8>
+void launch_kernel_of(const KernelLaunch& launch, const KernelArgs& a, dim3 grid) {
+  constexpr int kSmem = Layout<kFp8>::kSmemBytes;
+  static const bool raised = [] {  // once per process (for the current device)
+    TETRA_CUDA_CHECK(cudaFuncSetAttribute(attention_wgmma_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    return true;
+  }();
+  (void)raised;
+  launch_kernel(launch, attention_wgmma_kernel<kFp8>, grid, kThreads, kSmem, a);
 }
 
 }  // namespace
 
 void launch_prefill_wgmma(const KernelLaunch& launch, const KernelArgs& a, const PagedAttentionPlan& plan) {
-  static const bool raised = [] {  // once per process (for the current device)
-    TETRA_CUDA_CHECK(cudaFuncSetAttribute(attention_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)raised;
   const int64_t blocks = int64_t(plan.n_row_tiles) * a.p.n_kv_heads * plan.n_splits;
   TETRA_CHECK(blocks <= INT_MAX, "paged_attention: ", blocks, " blocks is too many");
-  launch_kernel(launch, attention_wgmma_kernel, dim3(unsigned(blocks), unsigned(a.p.n_seqs)), kThreads, kSmemBytes, a);
+  const dim3 grid(unsigned(blocks), unsigned(a.p.n_seqs));
+  if (a.p.fp8_cache) launch_kernel_of<true>(launch, a, grid);
+  else launch_kernel_of<false>(launch, a, grid);
   TETRA_CUDA_CHECK_LAUNCH("paged_attention wgmma");
 }
 
