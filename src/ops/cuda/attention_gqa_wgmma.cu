@@ -42,7 +42,11 @@ constexpr int kThreads = kConsumerThreads + 128;    // and a producer warpgroup 
 // Registers a thread, moved from the producer warpgroup to the consumers (setmaxnreg): O, S
 // and P of 64 rows against 128 keys take 160 a consumer thread.
 constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
-static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 64 * 1024, "the register file");
+// The block's pool is what the launch bounds give every thread (64K registers over kThreads, in
+// 8s); setmaxnreg.inc past it would wait forever.
+static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
+                  (64 * 1024 / kThreads) / 8 * 8 * kThreads,
+              "setmaxnreg moves registers within the block's pool");
 constexpr int kChunks = kD / 8;                     // 16-byte chunks of a BF16 row
 constexpr int kQAtomBytes = kRows * 128;            // 64 dims of every Q row
 constexpr int kKvAtomBytes = kKeys * 128;           // 64 dims of every key of a tile
