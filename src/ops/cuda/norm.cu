@@ -65,54 +65,6 @@ __global__ void norm_kernel(void* x, DType xdt, const void* delta, DType ddt, co
   }
 }
 
-// A thread's run of kPer values at elements i .. i + kPer - 1 of p, those at or past `end` read
-// as zeros and never written. A whole BF16 run on its alignment is one 8- or 16-byte access.
-template <int kPer>
-__device__ __forceinline__ bool whole_bf16_run(const void* p, int64_t i, int64_t end, DType dt) {
-  return dt == DType::BF16 && i + kPer <= end &&
-         reinterpret_cast<uintptr_t>(static_cast<const uint16_t*>(p) + i) % (2 * kPer) == 0;
-}
-
-template <int kPer>
-__device__ __forceinline__ void load_run(const void* p, int64_t i, int64_t end, DType dt, float (&v)[kPer]) {
-  static_assert(kPer == 4 || kPer == 8, "runs of 8 or 16 bytes");
-  if (whole_bf16_run<kPer>(p, i, end, dt)) {
-    uint32_t words[kPer / 2];
-    const uint16_t* src = static_cast<const uint16_t*>(p) + i;
-    if constexpr (kPer == 8) {
-      const uint4 q = *reinterpret_cast<const uint4*>(src);
-      words[0] = q.x, words[1] = q.y, words[2] = q.z, words[3] = q.w;
-    } else {
-      const uint2 q = *reinterpret_cast<const uint2*>(src);
-      words[0] = q.x, words[1] = q.y;
-    }
-#pragma unroll
-    for (int k = 0; k < kPer / 2; ++k) v[2 * k] = __uint_as_float(words[k] << 16), v[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) v[j] = i + j < end ? load_float(p, i + j, dt) : 0.0f;
-}
-
-template <int kPer>
-__device__ __forceinline__ void store_run(void* p, int64_t i, int64_t end, DType dt, const float (&v)[kPer]) {
-  if (whole_bf16_run<kPer>(p, i, end, dt)) {
-    uint32_t words[kPer / 2];
-#pragma unroll
-    for (int k = 0; k < kPer / 2; ++k) {
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);  // store_float's rounding
-      words[k] = *reinterpret_cast<const uint32_t*>(&pair);
-    }
-    uint16_t* dst = static_cast<uint16_t*>(p) + i;
-    if constexpr (kPer == 8) *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
-    else *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < kPer; ++j)
-    if (i + j < end) store_float(p, i + j, dt, v[j]);
-}
-
 // Wide rows (hidden states, d >= 512): one block of kRowThreads per row, each thread holding
 // its run of kPer values (norm_row.cuh's row_value) and their weights in registers (at most 8:
 // wider rows take more threads), so a row costs one round of loads however few rows there are
@@ -127,20 +79,20 @@ __global__ void __launch_bounds__(kRowThreads) norm_row_kernel(void* x, DType xd
   // pdl_wait, while the kernel before this one finishes (launch.cuh), not after the reduction.
   const int64_t i0 = row_value<kPer>(threadIdx.x, 0);
   float wv[kPer], bv[kPer] = {};
-  load_run<kPer>(w, i0, d, wdt, wv);
-  if (kLayerNorm && b) load_run<kPer>(b, i0, d, bdt, bv);
+  load_row_run<kPer>(w, i0, d, wdt, wv);
+  if (kLayerNorm && b) load_row_run<kPer>(b, i0, d, bdt, bv);
   pdl_wait();
   pdl_launch_dependents();
   __shared__ float partial[kRowThreads / 32];
   const int64_t base = int64_t(blockIdx.x) * d;
   float v[kPer];
-  load_run<kPer>(x, base + i0, base + d, xdt, v);
+  load_row_run<kPer>(x, base + i0, base + d, xdt, v);
   if (delta) {
     float dv[kPer];
-    load_run<kPer>(delta, base + i0, base + d, ddt, dv);
+    load_row_run<kPer>(delta, base + i0, base + d, ddt, dv);
 #pragma unroll
     for (int j = 0; j < kPer; ++j) v[j] = i0 + j < d ? round_to(xdt, v[j] + dv[j]) : 0.0f;  // what a separate add stores
-    store_run<kPer>(x, base + i0, base + d, xdt, v);
+    store_row_run<kPer>(x, base + i0, base + d, xdt, v);
   }
   float mean = 0.0f;
   if (kLayerNorm) {
@@ -160,7 +112,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_row_kernel(void* x, DType xd
     y[j] = kLayerNorm ? (v[j] - mean) * inv * wv[j] : wv[j] * (v[j] * inv);
     if (kLayerNorm && b) y[j] += bv[j];
   }
-  store_run<kPer>(out, base + i0, base + d, odt, y);
+  store_row_run<kPer>(out, base + i0, base + d, odt, y);
 }
 
 template <bool kLayerNorm, int kPer, int kRowThreads>

@@ -87,6 +87,55 @@ __device__ __forceinline__ V load_peer(const V* p) {
   }
 }
 
+// A thread's run of kPer values of T at p[i ..] (norm_row.cuh's row_value), in pieces of up to
+// 16 bytes where the run is whole and aligned, else a value at a time; values at or past d read
+// as zeros and are never written. kPeer: another rank's staging (load_peer).
+template <typename T, int kPer>
+struct Run {
+  static constexpr int kBytes = kPer * int(sizeof(T)), kPieceBytes = kBytes < 16 ? kBytes : 16;
+  static constexpr int kPieceValues = kPieceBytes / int(sizeof(T));
+  using Piece = Vec<T, kPieceValues>;
+  __device__ static bool whole(const T* p, int64_t i, int64_t d) {
+    return i + kPer <= d && reinterpret_cast<uintptr_t>(p + i) % kPieceBytes == 0;
+  }
+};
+
+template <typename T, int kPer, bool kPeer = false>
+__device__ __forceinline__ void load_run(const T* p, int64_t i, int64_t d, T (&v)[kPer]) {
+  using R = Run<T, kPer>;
+  if (R::whole(p, i, d)) {
+    const typename R::Piece* src = reinterpret_cast<const typename R::Piece*>(p + i);
+#pragma unroll
+    for (int k = 0; k < kPer / R::kPieceValues; ++k) {
+      const typename R::Piece piece = kPeer ? load_peer(src + k) : src[k];
+#pragma unroll
+      for (int e = 0; e < R::kPieceValues; ++e) v[k * R::kPieceValues + e] = piece.v[e];
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) v[j] = i + j < d ? (kPeer ? load_peer(p + i + j) : p[i + j]) : from_float<T>(0.0f);
+}
+
+template <typename T, int kPer>
+__device__ __forceinline__ void store_run(T* p, int64_t i, int64_t d, const T (&v)[kPer]) {
+  using R = Run<T, kPer>;
+  if (R::whole(p, i, d)) {
+    typename R::Piece* dst = reinterpret_cast<typename R::Piece*>(p + i);
+#pragma unroll
+    for (int k = 0; k < kPer / R::kPieceValues; ++k) {
+      typename R::Piece piece;
+#pragma unroll
+      for (int e = 0; e < R::kPieceValues; ++e) piece.v[e] = v[k * R::kPieceValues + e];
+      dst[k] = piece;
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j)
+    if (i + j < d) p[i + j] = v[j];
+}
+
 // x [n] in place: x = sum over ranks, in rank order, of their x (n <= half_bytes / sizeof(T)).
 template <typename T, int kVec>
 __global__ void all_reduce_sum_kernel(PeerGroup g, T* x, int64_t n) {
@@ -141,31 +190,18 @@ template <typename T, int kPer, int kRowThreads>
 __global__ void __launch_bounds__(kRowThreads)
     all_reduce_add_rms_norm_kernel(PeerGroup g, const T* __restrict__ delta, T* __restrict__ h, const void* w,
                                    DType wdt, float eps, void* out, DType odt, int64_t rows, int64_t d) {
+  const int64_t i0 = row_value<kPer>(threadIdx.x, 0);
   float wv[kPer];  // the model's weight, fixed at load: read before the wait (launch.cuh)
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int64_t i = row_value<kPer>(threadIdx.x, j);
-    wv[j] = i < d ? load_float(w, i, wdt) : 0.0f;
-  }
+  load_row_run<kPer>(w, i0, d, wdt, wv);
   pdl_wait();
   const uint32_t epoch = next_epoch(g);
   const bool has_row = blockIdx.x < rows;  // the same in every thread of the block
   const int64_t base = int64_t(blockIdx.x) * d;
-  T own[kPer];
-  float hv[kPer];
+  T own[kPer], h_own[kPer];
   if (has_row) {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int64_t i = row_value<kPer>(threadIdx.x, j);
-      own[j] = i < d ? delta[base + i] : from_float<T>(0.0f);
-      hv[j] = i < d ? to_float(h[base + i]) : 0.0f;
-    }
-    T* mine = staging<T>(g, g.rank, epoch) + base;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int64_t i = row_value<kPer>(threadIdx.x, j);
-      if (i < d) mine[i] = own[j];
-    }
+    load_run<T, kPer>(delta + base, i0, d, own);
+    load_run<T, kPer>(h + base, i0, d, h_own);
+    store_run<T, kPer>(staging<T>(g, g.rank, epoch) + base, i0, d, own);
   }
   if (!exchange(g, epoch)) return;
   pdl_launch_dependents();
@@ -177,36 +213,32 @@ __global__ void __launch_bounds__(kRowThreads)
 #pragma unroll
       for (int j = 0; j < kPer; ++j) part[j] = own[j];
     } else {
-      const T* theirs = staging<T>(g, r, epoch) + base;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int64_t i = row_value<kPer>(threadIdx.x, j);
-        part[j] = i < d ? load_peer(theirs + i) : from_float<T>(0.0f);
-      }
+      load_run<T, kPer, true>(staging<T>(g, r, epoch) + base, i0, d, part);
     }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) acc[j] += to_float(part[j]);
   }
   const DType hdt = sizeof(T) == 2 ? DType::BF16 : DType::F32;
   float v[kPer];
+  T h_new[kPer];
   float sq = 0.0f;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    const int64_t i = row_value<kPer>(threadIdx.x, j);
     v[j] = 0.0f;
-    if (i >= d) continue;
-    const float sum = to_float(from_float<T>(acc[j]));  // what the all-reduce stores
-    v[j] = round_to(hdt, hv[j] + sum);                   // what add_rms_norm stores
-    h[base + i] = from_float<T>(v[j]);
+    if (i0 + j < d) {
+      const float sum = to_float(from_float<T>(acc[j]));       // what the all-reduce stores
+      v[j] = round_to(hdt, to_float(h_own[j]) + sum);          // what add_rms_norm stores
+    }
+    h_new[j] = from_float<T>(v[j]);
     sq += v[j] * v[j];
   }
+  store_run<T, kPer>(h + base, i0, d, h_new);
   __shared__ float partial[kRowThreads / 32];
   const float inv = rsqrtf(block_sum<kRowThreads>(sq, partial) / float(d) + eps);
+  float y[kPer];
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int64_t i = row_value<kPer>(threadIdx.x, j);
-    if (i < d) store_float(out, base + i, odt, wv[j] * (v[j] * inv));
-  }
+  for (int j = 0; j < kPer; ++j) y[j] = wv[j] * (v[j] * inv);
+  store_row_run<kPer>(out, base + i0, base + d, odt, y);
 }
 
 constexpr int kThreads = 512;
