@@ -9,11 +9,12 @@
 //     head, as in the mma.sync kernels): two consumer warpgroups of 64 rows, and a producer
 //     warpgroup that gives most of its registers to the consumers;
 //   - the producer gathers each 128-key tile's K and V rows by slot into a ring of stages
-//     (128-byte swizzled BF16), and hands a stage over through an mbarrier once it is filled;
-//     the consumers hand it back through another. A BF16 cache's rows are copied straight
-//     into the stage by one warp (cp.async); an FP8 cache's bytes are copied by the whole
-//     warpgroup into a staging buffer, a tile ahead, and widened into the stage (exact), with
-//     the scales in the softmax's (k) and the output's (v) factors;
+//     (128-byte swizzled BF16), and hands a stage's K and V over through mbarriers once they
+//     are filled; the consumers hand each back through others, K once its scores are done, V
+//     once its P V is. A BF16 cache's rows are copied straight into the stage by one warp
+//     (cp.async); an FP8 cache's bytes are copied by the whole warpgroup into a staging buffer,
+//     a tile ahead, and widened into the stage (exact), with the scales in the softmax's (k) and
+//     the output's (v) factors;
 //   - a consumer warpgroup scores S = Q K^T (8 k-steps of m64n128k16, Q and K from shared
 //     memory) and, while the tensor cores add the previous tile's O += P V (P from registers,
 //     V read MN-major), runs the online softmax of this one; the two warpgroups take turns
@@ -56,18 +57,19 @@ constexpr int kStageBytes = 2 * kKvBytes;              // K then V
 static_assert(kKeys == 128 && kKeys % 32 == 0, "a producer lane finds kKeys / 32 slots; an FP8 producer thread one");
 
 // Shared memory past the stages: FP8's two staging buffers (a tile's K bytes, then its V
-// bytes), the stages' full and empty barriers, the warps' maxima of key_range.
+// bytes), the stages' barriers (Bar), the warps' maxima of key_range.
 template <bool kFp8>
 struct Layout {
   // BF16: the copying warp signals tile it - 1 after issuing tile it, and consumers give tile
-  // it - 1 back only after waiting for tile it, so with fewer than 3 stages each would wait on
-  // the other. FP8: the producer fills a stage only once its staged bytes have landed, and
-  // signals it at once: two stages, which leaves room for the staging buffers.
+  // it - 1's V back only after waiting for tile it's K, so with fewer than 3 stages each would
+  // wait on the other. FP8: the producer fills a stage's K and V each once its staged bytes
+  // have landed, and signals them at once: two stages, which leaves room for the staging
+  // buffers. (tools/wgmma_attention_handshakes.py models both.)
   static constexpr int kStages = kFp8 ? 2 : 3;
   static constexpr int kStagingOffset = kStageOffset + kStages * kStageBytes;
   static constexpr int kStagingBytes = 2 * kKeys * kD;
   static constexpr int kBarOffset = kStagingOffset + (kFp8 ? 2 * kStagingBytes : 0);
-  static constexpr int kWarpMaxOffset = kBarOffset + 2 * kStages * 8;
+  static constexpr int kWarpMaxOffset = kBarOffset + 4 * kStages * 8;
   static constexpr int kSmemBytes = kWarpMaxOffset + (kThreads / 32) * 4 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
 };
@@ -91,13 +93,13 @@ __device__ __forceinline__ uint32_t tile_unit(int r, int c, int atom_bytes) {
   return uint32_t((c / 8) * atom_bytes) + wgmma::swizzled(r, c % 8);
 }
 
+// A stage's barriers. K and V are handed over and back apart: a tile's K is done with once its
+// scores are, its V only after the next tile's scores, when its P V is.
+enum class Bar { FullK, FullV, EmptyK, EmptyV };
+
 template <bool kFp8>
-__device__ __forceinline__ uint32_t full_bar(uint32_t base, int s) {
-  return base + uint32_t(Layout<kFp8>::kBarOffset + 8 * s);
-}
-template <bool kFp8>
-__device__ __forceinline__ uint32_t empty_bar(uint32_t base, int s) {
-  return base + uint32_t(Layout<kFp8>::kBarOffset + 8 * (Layout<kFp8>::kStages + s));
+__device__ __forceinline__ uint32_t bar(uint32_t base, Bar b, int s) {
+  return base + uint32_t(Layout<kFp8>::kBarOffset + 8 * (int(b) * Layout<kFp8>::kStages + s));
 }
 
 // The block's key range: this split's keys, cut at the last position any of its rows has.
@@ -163,7 +165,11 @@ __device__ __forceinline__ void copy_tile(const KernelArgs& a, const Work& w, co
 __device__ __forceinline__ void hand_over(uint32_t base, int tile, int lane) {
   wgmma::fence_proxy_async();
   __syncwarp();
-  if (lane == 0) mbarrier::arrive(full_bar<false>(base, tile % Layout<false>::kStages));
+  if (lane == 0) {
+    const int stage = tile % Layout<false>::kStages;
+    mbarrier::arrive(bar<false>(base, Bar::FullK, stage));
+    mbarrier::arrive(bar<false>(base, Bar::FullV, stage));
+  }
 }
 
 // A BF16 cache: one warp copies the rows into the stages.
@@ -173,7 +179,10 @@ __device__ __forceinline__ void produce_bf16(const KernelArgs& a, const Work& w,
   TileSlots slots = find_slots(a, w, 0, lane);
   for (int it = 0; it < n_tiles; ++it) {
     const int stage = it % kStages;
-    if (it >= kStages) mbarrier::wait(empty_bar<false>(base, stage), uint32_t((it / kStages - 1) & 1));
+    if (it >= kStages) {
+      mbarrier::wait(bar<false>(base, Bar::EmptyK, stage), uint32_t((it / kStages - 1) & 1));
+      mbarrier::wait(bar<false>(base, Bar::EmptyV, stage), uint32_t((it / kStages - 1) & 1));
+    }
     copy_tile(a, w, slots, base + uint32_t(kStageOffset + stage * kStageBytes), lane);
     cp_async_commit();
     if (it + 1 < n_tiles) slots = find_slots(a, w, it + 1, lane);  // in flight across the wait below
@@ -208,16 +217,16 @@ __device__ __forceinline__ void stage_fp8_tile(const KernelArgs& a, const Work& 
   }
 }
 
-// A staged FP8 tile widened into a stage's BF16 K and V tiles (exact), by the producer warpgroup:
-// 16-byte chunk c of row r (16 values) becomes units 2c and 2c + 1 of the swizzled row.
-__device__ __forceinline__ void widen_fp8_tile(const uint8_t* staging, uint32_t k_smem, int t) {
-  constexpr int kRowChunks = kD / 16, kTileChunks = kKeys * kRowChunks;
+// One part (K or V) of a staged FP8 tile widened into the stage's BF16 tile of it (exact), by the
+// producer warpgroup: 16-byte chunk c of row r (16 values) becomes units 2c and 2c + 1 of the
+// swizzled row.
+__device__ __forceinline__ void widen_fp8_part(const uint8_t* staged, uint32_t tile, int t) {
+  constexpr int kRowChunks = kD / 16, kPartChunks = kKeys * kRowChunks;
 #pragma unroll 4
-  for (int i = 0; i < 2 * kTileChunks / 128; ++i) {
-    const int q = t + 128 * i, kv = q / kTileChunks, r = (q % kTileChunks) / kRowChunks, c = q % kRowChunks;
+  for (int i = 0; i < kPartChunks / 128; ++i) {
+    const int q = t + 128 * i, r = q / kRowChunks, c = q % kRowChunks;
     uint32_t out[8];
-    widen_e4m3x16(*reinterpret_cast<const uint4*>(staging + kv * kKeys * kD + r * kD + 16 * c), out);
-    const uint32_t tile = k_smem + uint32_t(kv * kKvBytes);
+    widen_e4m3x16(*reinterpret_cast<const uint4*>(staged + r * kD + 16 * c), out);
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(tile + tile_unit(r, 2 * c, kKvAtomBytes)),
                  "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
                  : "memory");
@@ -227,7 +236,8 @@ __device__ __forceinline__ void widen_fp8_tile(const uint8_t* staging, uint32_t 
   }
 }
 
-// An FP8 cache: the producer warpgroup stages tile it + 1's bytes while it widens tile it.
+// An FP8 cache: the producer warpgroup stages tile it + 1's bytes while it widens tile it, K
+// then V, each as soon as the consumers have given that part of the stage back.
 __device__ __forceinline__ void produce_fp8(const KernelArgs& a, const Work& w, uint32_t base, uint8_t* smem,
                                             int n_tiles, int t) {
   using L = Layout<true>;
@@ -245,11 +255,16 @@ __device__ __forceinline__ void produce_fp8(const KernelArgs& a, const Work& w, 
       cp_async_wait<0>();
     }
     producer_sync();  // every thread's bytes of tile it have landed
-    if (it >= L::kStages) mbarrier::wait(empty_bar<true>(base, stage), uint32_t((it / L::kStages - 1) & 1));
-    widen_fp8_tile(smem + staging(it % 2), base + uint32_t(kStageOffset + stage * kStageBytes), t);
-    wgmma::fence_proxy_async();
-    producer_sync();  // the whole tile is widened (and its staging buffer free for tile it + 2)
-    if (t == 0) mbarrier::arrive(full_bar<true>(base, stage));
+    const uint32_t parity = uint32_t((it / L::kStages - 1) & 1);
+    const uint32_t k_tile = base + uint32_t(kStageOffset + stage * kStageBytes);
+#pragma unroll
+    for (int part = 0; part < 2; ++part) {  // K, then V
+      if (it >= L::kStages) mbarrier::wait(bar<true>(base, part ? Bar::EmptyV : Bar::EmptyK, stage), parity);
+      widen_fp8_part(smem + staging(it % 2) + part * kKeys * kD, k_tile + uint32_t(part * kKvBytes), t);
+      wgmma::fence_proxy_async();
+      producer_sync();  // the part is widened (after V: the staging buffer is free for tile it + 2)
+      if (t == 0) mbarrier::arrive(bar<true>(base, part ? Bar::FullV : Bar::FullK, stage));
+    }
   }
 }
 
@@ -352,11 +367,11 @@ __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kKeys / 16][4], uin
   wgmma::commit();
 }
 
-// This warp is done with the stage (its wgmma groups that read it have completed).
+// This warp is done with a part of a stage (its wgmma groups that read it have completed).
 template <bool kFp8>
-__device__ __forceinline__ void give_back(uint32_t base, int stage, int lane) {
+__device__ __forceinline__ void give_back(uint32_t base, Bar part, int stage, int lane) {
   __syncwarp();
-  if (lane == 0) mbarrier::arrive(empty_bar<kFp8>(base, stage));
+  if (lane == 0) mbarrier::arrive(bar<kFp8>(base, part, stage));
 }
 
 template <bool kFp8>
@@ -385,7 +400,7 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
     uint32_t p[kKeys / 16][4];
     if (wg == 1) give_turn(wg);
     // Tile 0: scores and softmax alone.
-    mbarrier::wait(full_bar<kFp8>(base, 0), 0);
+    mbarrier::wait(bar<kFp8>(base, Bar::FullK, 0), 0);
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.0f;
     wait_turn(wg);
@@ -394,12 +409,14 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
     give_turn(wg);
     wgmma::wait<0>();
     wgmma::fence_acc(s);
+    give_back<kFp8>(base, Bar::EmptyK, 0, lane);
     softmax_tile(a, w.key_begin, t4, s, st);  // O is still zero: nothing to rescale
     pack_p(s, p);
     // Tile it's scores and softmax run beside tile it - 1's P V.
     for (int it = 1; it < n_tiles; ++it) {
       const int stage = it % kStages, prev = (it - 1) % kStages;
-      mbarrier::wait(full_bar<kFp8>(base, stage), uint32_t((it / kStages) & 1));
+      mbarrier::wait(bar<kFp8>(base, Bar::FullK, stage), uint32_t((it / kStages) & 1));
+      mbarrier::wait(bar<kFp8>(base, Bar::FullV, prev), uint32_t(((it - 1) / kStages) & 1));
 #pragma unroll
       for (int i = 0; i < kKeys / 2; ++i) s[i] = 0.0f;
       wgmma::fence_acc(o);
@@ -411,14 +428,16 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
       wgmma::fence_acc(o);
       wgmma::wait<1>();  // the scores; P V may still run
       wgmma::fence_acc(s);
+      give_back<kFp8>(base, Bar::EmptyK, stage, lane);
       const float2 alpha = softmax_tile(a, w.key_begin + it * kKeys, t4, s, st);
       wgmma::wait<0>();
       wgmma::fence_acc(o);
-      give_back<kFp8>(base, prev, lane);
+      give_back<kFp8>(base, Bar::EmptyV, prev, lane);
       rescale(o, alpha);
       pack_p(s, p);
     }
     const int last = (n_tiles - 1) % kStages;
+    mbarrier::wait(bar<kFp8>(base, Bar::FullV, last), uint32_t(((n_tiles - 1) / kStages) & 1));
     wgmma::fence_acc(o);
     wait_turn(wg);
     wgmma::fence();
@@ -426,7 +445,7 @@ __device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint
     if (wg == 0) give_turn(wg);
     wgmma::wait<0>();
     wgmma::fence_acc(o);
-    give_back<kFp8>(base, last, lane);
+    give_back<kFp8>(base, Bar::EmptyV, last, lane);
   }
 
   // O's row r, dims 8 j + 2 t4 and + 1, is o[4 j + 2 r] and o[4 j + 2 r + 1]; an FP8 cache's V
@@ -476,8 +495,10 @@ __device__ __forceinline__ void row_tiles(const KernelArgs& a, uint32_t base, ui
     w.row0 = tile * kRows;
     if (kRole == 0 && threadIdx.x == 0) {  // fresh barriers for this row tile (the last one's are idle)
       for (int s = 0; s < L::kStages; ++s) {
-        mbarrier::init(full_bar<kFp8>(base, s), 1);                       // the producer's thread 0
-        mbarrier::init(empty_bar<kFp8>(base, s), kConsumerThreads / 32);  // each consumer warp
+        mbarrier::init(bar<kFp8>(base, Bar::FullK, s), 1);  // the producer's thread 0
+        mbarrier::init(bar<kFp8>(base, Bar::FullV, s), 1);
+        mbarrier::init(bar<kFp8>(base, Bar::EmptyK, s), kConsumerThreads / 32);  // each consumer warp
+        mbarrier::init(bar<kFp8>(base, Bar::EmptyV, s), kConsumerThreads / 32);
       }
       mbarrier::fence_init();
     }
