@@ -992,13 +992,6 @@ WorkspaceLayout workspace_layout(const PagedAttentionParams& p, const PagedAtten
 template <class T>
 void launch_mma(const KernelLaunch& launch, const KernelArgs& a, const PagedAttentionPlan& plan) {
   const auto kernel = attention_mma_kernel<T>;
-  if constexpr (T::kSmemBytes > 48 * 1024) {
-    static const bool raised = [&] {  // once per process (for the current device)
-      TETRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-      return true;
-    }();
-    (void)raised;
-  }
   const dim3 grid(unsigned(plan.n_row_tiles) * unsigned(plan.n_splits), unsigned(a.p.n_kv_heads),
                   unsigned(a.p.n_seqs));
   launch_kernel(launch, kernel, grid, T::kThreads, T::kSmemBytes, a);

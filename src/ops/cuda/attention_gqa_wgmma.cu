@@ -533,13 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Kern
 
 template <bool kFp8>
 void launch_kernel_of(const KernelLaunch& launch, const KernelArgs& a, dim3 grid) {
-  constexpr int kSmem = Layout<kFp8>::kSmemBytes;
-  static const bool raised = [] {  // once per process (for the current device)
-    TETRA_CUDA_CHECK(cudaFuncSetAttribute(attention_wgmma_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    return true;
-  }();
-  (void)raised;
-  launch_kernel(launch, attention_wgmma_kernel<kFp8>, grid, kThreads, kSmem, a);
+  launch_kernel(launch, attention_wgmma_kernel<kFp8>, grid, kThreads, Layout<kFp8>::kSmemBytes, a);
 }
 
 }  // namespace

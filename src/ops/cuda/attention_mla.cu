@@ -488,12 +488,6 @@ void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void
   if (plan.path == MlaAttentionPath::Wgmma) {
     launch_mla_wgmma(launch, a, grid);
   } else {
-    static const bool raised = [] {  // once per process (for the current device)
-      TETRA_CUDA_CHECK(cudaFuncSetAttribute(tiled::mla_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            tiled::kSmemBytes));
-      return true;
-    }();
-    (void)raised;
     launch_kernel(launch, tiled::mla_tiled_kernel, grid, tiled::kThreads, tiled::kSmemBytes, a);
     TETRA_CUDA_CHECK_LAUNCH("mla_attention tiled");
   }

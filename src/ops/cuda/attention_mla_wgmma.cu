@@ -350,9 +350,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
 }  // namespace
 
 namespace {
-// Once per process (for the current device): the kernel's shared memory allowed, and how many
-// clusters of 2, 4 and 8 of its blocks the GPU holds at once.
-const std::array<int, kMaxCluster + 1>& kernel_setup() {
+// How many clusters of 2, 4 and 8 of the kernel's blocks the GPU holds at once: asked once per
+// process, of the first device that asks (a process's GPUs are of one kind), after allowing the
+// kernel its shared memory there (launch_kernel allows it at every launch, on any device).
+const std::array<int, kMaxCluster + 1>& max_clusters_of_gpu() {
   static const std::array<int, kMaxCluster + 1> max_clusters = [] {
     TETRA_CUDA_CHECK(cudaFuncSetAttribute(mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     std::array<int, kMaxCluster + 1> m{};
@@ -379,11 +380,10 @@ const std::array<int, kMaxCluster + 1>& kernel_setup() {
 
 bool mla_wgmma_clusters_fit(int cluster, int64_t blocks) {
   if (cluster < 2 || cluster > kMaxCluster || kRows % cluster != 0) return false;
-  return int64_t(kernel_setup()[size_t(cluster)]) * cluster >= blocks;
+  return int64_t(max_clusters_of_gpu()[size_t(cluster)]) * cluster >= blocks;
 }
 
 void launch_mla_wgmma(const KernelLaunch& launch, const MlaArgs& a, dim3 grid) {
-  kernel_setup();
   launch_kernel_in_clusters(launch, a.cluster_merge ? unsigned(a.n_splits) : 1u, mla_wgmma_kernel, grid, kThreads,
                             kSmemBytes, a);
   TETRA_CUDA_CHECK_LAUNCH("mla_attention wgmma");

@@ -195,9 +195,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) skinny_kernel(const Sk
 
 template <int kN>
 void launch_skinny(const KernelLaunch& launch, const SkinnyParams& p, int64_t blocks) {
-  // Dynamic shared memory above 48 KB must be allowed per kernel; setting it again is cheap.
-  TETRA_CUDA_CHECK(cudaFuncSetAttribute(skinny_kernel<kN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        Shape<kN>::kSmemBytes));
   launch_kernel_in_clusters(launch, unsigned(p.split), skinny_kernel<kN>, unsigned(blocks), kThreads,
                             Shape<kN>::kSmemBytes, p);
 }

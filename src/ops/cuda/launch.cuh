@@ -26,6 +26,8 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -57,6 +59,28 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // `cluster_x` consecutive blocks along x when it is above 1. Each argument is converted to its
 // parameter's type as a <<<>>> launch converts it; a failed launch throws (and clears the
 // runtime's last error, as TETRA_CUDA_CHECK_LAUNCH does).
+// Dynamic shared memory past 48 KB must be allowed per kernel and per device, and one process
+// drives each of its GPUs from a thread of its own: the first launch of a kernel on a device
+// allows it there. (Allowing once per process, as the kernels did, would have failed the first
+// launch on a second GPU.) The call is legal while the thread captures a graph.
+inline void allow_dynamic_smem(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t> allowed;  // (kernel, device) -> bytes
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  std::lock_guard<std::mutex> lock(mu);
+  if (err == cudaSuccess) {
+    const auto it = allowed.find({kernel, device});
+    if (it != allowed.end() && it->second >= bytes) return;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail("CUDA kernel launch failed: allowing ", bytes, " bytes of shared memory: ", cudaGetErrorString(err));
+  }
+  allowed[{kernel, device}] = bytes;
+}
+
 template <typename... Params, typename... Args>
 void launch_kernel_in_clusters(const KernelLaunch& l, unsigned cluster_x, void (*kernel)(Params...), dim3 grid,
                                dim3 block, size_t smem, Args&&... args) {
@@ -73,6 +97,7 @@ void launch_kernel_in_clusters(const KernelLaunch& l, unsigned cluster_x, void (
     attrs[n_attrs].id = cudaLaunchAttributeClusterDimension;
     attrs[n_attrs++].val.clusterDim = {cluster_x, 1, 1};
   }
+  if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;

@@ -248,12 +248,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_kernel(MoeGemmParams p) {
     }
 }
 
-template <typename Kernel>
-void launch_with_smem(Kernel kernel, int smem_bytes, dim3 grid, const KernelLaunch& launch, const MoeGemmParams& p) {
-  // Dynamic shared memory above 48 KB must be allowed per kernel; setting it again is cheap.
-  TETRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  launch_kernel(launch, kernel, grid, kThreads, smem_bytes, p);
-}
 
 // The column tile is the grid's fastest index: the blocks resident at once share a few items,
 // whose activations are read from memory once and then from L2 by every column tile. (With the
@@ -265,9 +259,9 @@ void launch_tile(const KernelLaunch& launch, const MoeGemmParams& p, int max_ite
   constexpr int kSmem = TileShape<kN>::kSmemBytes;
   TETRA_CHECK(max_items <= 65535, "moe: ", max_items, " work items exceed the grid's y");
   if (gate_up)
-    launch_with_smem(wgmma_kernel<kN, true>, kSmem, dim3(p.n / (kWgs * 32), max_items), launch, p);
+    launch_kernel(launch, wgmma_kernel<kN, true>, dim3(p.n / (kWgs * 32), max_items), kThreads, kSmem, p);
   else
-    launch_with_smem(wgmma_kernel<kN, false>, kSmem, dim3(p.n / (kWgs * 64), max_items), launch, p);
+    launch_kernel(launch, wgmma_kernel<kN, false>, dim3(p.n / (kWgs * 64), max_items), kThreads, kSmem, p);
 }
 
 void launch_wgmma(const KernelLaunch& launch, const CudaMoeExperts& ex, const uint16_t* b, const int* b_rows,
