@@ -277,13 +277,16 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
         };
         r.stage_us["route"] = one([&] { ops::cuda::route(ctx, v_logits, rs, v_ids, v_w); });
         r.stage_us["permute"] = one([&] {
-          ops::cuda::launch_permute(ctx_launch, ids.as<int>(), T, k, 0, E, ms.shared_expert, cfg.tile_tokens, sc);
+          ops::cuda::launch_permute(ctx_launch, ids.as<int>(), T, k, 0, E, ms.shared_expert, cfg.tile_tokens,
+                                    cfg.hot_tokens, sc);
         });
         r.stage_us["gate_up"] = per_layer([&](const ops::cuda::CudaMoeExperts& ex) {
           ops::cuda::launch_gate_up(ctx_launch, ex, x.as<uint16_t>(), sc, cfg.tile_tokens);
+          if (cfg.hot_tokens) ops::cuda::launch_gate_up(ctx_launch, ex, x.as<uint16_t>(), sc.hot(), cfg.hot_tokens);
         });
         r.stage_us["down"] = per_layer([&](const ops::cuda::CudaMoeExperts& ex) {
           ops::cuda::launch_down(ctx_launch, ex, sc, cfg.tile_tokens);
+          if (cfg.hot_tokens) ops::cuda::launch_down(ctx_launch, ex, sc.hot(), cfg.hot_tokens);
         });
         r.stage_us["combine"] = one([&] {
           ops::cuda::launch_combine(ctx_launch, sc.y, sc.pos, weights.as<float>(), T, k, ms.shared_expert, H,
@@ -299,6 +302,8 @@ void bench_shape(const ShapeSpec& spec, const MoeBenchOptions& opt, const ops::C
         std::vector<ops::cuda::MoeConfig> configs;
         for (int tile : ops::cuda::moe_tile_choices(ops::WeightFormat::Nvfp4))
           configs.push_back(ops::cuda::MoeConfig{tile, false, "sweep"});
+        for (int hot : {16, 32, 64})  // tiles of 8, and a wider one for the experts with more rows
+          configs.push_back(ops::cuda::MoeConfig{.tile_tokens = 8, .why = "sweep", .hot_tokens = hot});
         if (ops::cuda::moe_decode_takes(dynamic_cast<const ops::cuda::CudaMoeExperts&>(*fp4[0]), T, k)) configs.push_back(ops::cuda::MoeConfig{8, false, "sweep", true});
         for (const auto& c : configs) r.sweep.push_back({c.str(), time_fp4(c)});
       }

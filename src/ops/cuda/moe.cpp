@@ -35,7 +35,10 @@ void check_view(TensorView v, DType dtype, int64_t rows, int64_t cols, const cha
 
 }  // namespace
 
-std::string MoeConfig::str() const { return fused ? "fused decode" : str_cat("tile_tokens=", tile_tokens); }
+std::string MoeConfig::str() const {
+  if (fused) return "fused decode";
+  return hot_tokens ? str_cat("tile_tokens=", tile_tokens, "+hot ", hot_tokens) : str_cat("tile_tokens=", tile_tokens);
+}
 
 std::span<const int> moe_tile_choices(WeightFormat format) {
   static constexpr int kNvfp4[] = {8, 16, 32, 64, 128, 192, 256};  // 64 and up: wgmma
@@ -44,9 +47,13 @@ std::span<const int> moe_tile_choices(WeightFormat format) {
   return kDense;
 }
 
+// Hot items are at least 16 rows wide, so the list for the narrowest bounds every other.
+constexpr int kMinHotTokens = 16;
+
 int64_t moe_scratch_bytes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k, int tile_tokens) {
   const int64_t rows = n_tokens * (top_k + (ex.shape.shared_expert ? 1 : 0));
-  return kAlign + align_up(int64_t(max_work_items(ex, rows, tile_tokens)) * sizeof(MoeWorkItem)) +
+  return 2 * kAlign + align_up(int64_t(max_work_items(ex, rows, tile_tokens)) * sizeof(MoeWorkItem)) +
+         align_up(int64_t(max_work_items(ex, rows, kMinHotTokens)) * sizeof(MoeWorkItem)) +
          2 * align_up(rows * 4) + align_up(rows * ex.shape.intermediate * 2) +
          align_up(rows * ex.shape.hidden * 4);
 }
@@ -61,6 +68,11 @@ MoeScratch moe_scratch_carve(const CudaMoeExperts& ex, void* base, int64_t n_tok
   p += kAlign;
   s.items = reinterpret_cast<MoeWorkItem*>(p);
   p += align_up(int64_t(s.max_items) * sizeof(MoeWorkItem));
+  s.max_hot_items = max_work_items(ex, rows, kMinHotTokens);
+  s.n_hot_items = reinterpret_cast<int*>(p);
+  p += kAlign;
+  s.hot_items = reinterpret_cast<MoeWorkItem*>(p);
+  p += align_up(int64_t(s.max_hot_items) * sizeof(MoeWorkItem));
   s.row_token = reinterpret_cast<int*>(p);
   p += align_up(rows * 4);
   s.pos = reinterpret_cast<int*>(p);
@@ -116,8 +128,8 @@ MoeConfig heuristic_config(const CudaMoeExperts& ex, int64_t n_tokens, int top_k
 
 std::string tune_key(const Context& ctx, const CudaMoeExperts& ex, int64_t n_tokens, int top_k) {
   const std::string gpu = ctx.props && !ctx.props->name.empty() ? ctx.props->name : "unnamed GPU";
-  // v2: the fused decode kernel joined the candidates, so older entries are retuned.
-  return str_cat("v2|", gpu, "|", ex.format == WeightFormat::Nvfp4 ? "nvfp4" : "bf16", "|H", ex.shape.hidden,
+  // v2: the fused decode kernel joined the candidates; v3: the hot tiles. Older entries are retuned.
+  return str_cat("v3|", gpu, "|", ex.format == WeightFormat::Nvfp4 ? "nvfp4" : "bf16", "|H", ex.shape.hidden,
                  "|I", ex.shape.intermediate, "|E", ex.n_stored(), "|k", top_k, "|T",
                  moe_token_bucket(n_tokens));
 }
@@ -129,11 +141,13 @@ void enqueue_layer(const KernelLaunch& launch, const CudaMoeExperts& ex, TensorV
   if (config.fused)
     return launch_moe_decode(launch, ex, x.as<const uint16_t>(), ids.as<const int>(), weights.as<const float>(),
                              int(T), top_k, s, out.as<uint16_t>());
-  const int tile_tokens = config.tile_tokens;
+  const int tile_tokens = config.tile_tokens, hot = config.hot_tokens;
   launch_permute(launch, ids.as<const int>(), int(T), top_k, int(ex.first_expert()), ex.shape.n_experts,
-                 ex.shape.shared_expert, tile_tokens, s);
+                 ex.shape.shared_expert, tile_tokens, hot, s);
   launch_gate_up(launch, ex, x.as<const uint16_t>(), s, tile_tokens);
+  if (hot) launch_gate_up(launch, ex, x.as<const uint16_t>(), s.hot(), hot);
   launch_down(launch, ex, s, tile_tokens);
+  if (hot) launch_down(launch, ex, s.hot(), hot);
   launch_combine(launch, s.y, s.pos, weights.as<const float>(), int(T), top_k,
                  ex.shape.shared_expert, int(ex.shape.hidden), out.as<uint16_t>());
 }
@@ -160,6 +174,11 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
   std::vector<MoeConfig> candidates;
   for (int i = std::max(hi - 1, 0); i <= std::min(hi + 1, int(tiles.size()) - 1); ++i)
     candidates.push_back(MoeConfig{tiles[i]});
+  // Where the narrow tiles run, the same with a wider one for the experts they would read
+  // several times (up to 64: beyond, the heuristic has already left the narrow tiles).
+  if (h <= 16)
+    for (int hot : tiles)
+      if (hot > 8 && hot <= 64) candidates.push_back(MoeConfig{.tile_tokens = 8, .hot_tokens = hot});
   if (moe_decode_takes(ex, T, top_k)) candidates.push_back(MoeConfig{8, false, "", true});
   MoeConfig best;
   float best_ms = 0;
@@ -257,6 +276,10 @@ void moe_experts(const Context& ctx, TensorView x, TensorView ids, TensorView we
   TETRA_CHECK(std::find(tiles.begin(), tiles.end(), config.tile_tokens) != tiles.end(), "moe: tile_tokens ",
               config.tile_tokens, " is not one the kernels take for ",
               ex.format == WeightFormat::Nvfp4 ? "NVFP4" : "BF16", " experts");
+  TETRA_CHECK(config.hot_tokens == 0 || (!config.fused && config.hot_tokens > config.tile_tokens &&
+                                          std::find(tiles.begin(), tiles.end(), config.hot_tokens) != tiles.end()),
+              "moe: hot_tokens ", config.hot_tokens, " must be a tile the kernels take, wider than tile_tokens ",
+              config.tile_tokens, ", and not with the fused kernel");
   TETRA_CHECK(!config.fused || (config.tile_tokens == 8 && moe_decode_takes(ex, T, top_k)),
               "moe: the fused decode kernel takes NVFP4 experts with hidden and intermediate sizes that are ",
               "multiples of 256 and at most ", kMoeDecodeMaxTokens, " tokens (", kMoeDecodeMaxRows,

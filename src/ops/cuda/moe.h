@@ -65,6 +65,11 @@ struct MoeConfig {
   // The whole layer in one persistent kernel (NVFP4, up to 64 tokens: moe_decode_takes); its
   // work items are 8 tokens of one expert, so tile_tokens is 8. Chosen only by tuning.
   bool fused = false;
+  // 0, or a wider tile (16 to 256, one the format takes) for the experts with more rows than
+  // tile_tokens: each is then read once per hot_tokens rows, not once per tile_tokens, while
+  // the many experts with few rows keep the narrow tile. Skewed routing and the shared expert
+  // make such experts. Their items run in GEMM launches of their own, after the others'.
+  int hot_tokens = 0;
   std::string str() const;
 };
 

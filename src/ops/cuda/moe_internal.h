@@ -109,11 +109,23 @@ static_assert(sizeof(MoeWorkItem) == 16, "work items are read as one 16-byte loa
 struct MoeScratch {
   int* n_items;           // [1]
   MoeWorkItem* items;     // [max_items]
+  // With MoeConfig::hot_tokens: the items of the experts that have more rows than tile_tokens,
+  // cut at hot_tokens, which their own GEMM launches take (hot()).
+  int* n_hot_items;       // [1]
+  MoeWorkItem* hot_items; // [max_hot_items]
   int* row_token;         // [T*k']: token of each permuted row
   int* pos;               // [T*k']: permuted row of each (token, slot)
   uint16_t* h;            // bf16 [T*k', I]: silu(gate) * up, permuted rows
   float* y;               // f32 [T*k', H]: down projection, permuted rows
-  int max_items;
+  int max_items, max_hot_items;
+  // The same rows, with the hot list as the items a GEMM launch reads.
+  MoeScratch hot() const {
+    MoeScratch s = *this;
+    s.n_items = n_hot_items;
+    s.items = hot_items;
+    s.max_items = max_hot_items;
+    return s;
+  }
 };
 
 int64_t moe_scratch_bytes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k, int tile_tokens);
@@ -126,7 +138,7 @@ void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens,
                   const RoutingSpec& spec, const float* bias, int* ids, float* weights);
 // pos of a slot whose expert another rank holds is -1; the combine skips it.
 void launch_permute(const KernelLaunch& launch, const int* ids, int n_tokens, int top_k, int first_expert,
-                    int n_experts, bool shared, int tile_tokens, const MoeScratch& s);
+                    int n_experts, bool shared, int tile_tokens, int hot_tokens, const MoeScratch& s);
 void launch_combine(const KernelLaunch& launch, const float* y, const int* pos, const float* weights,
                     int n_tokens, int top_k, bool shared, int hidden, uint16_t* out);
 

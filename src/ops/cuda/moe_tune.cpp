@@ -31,6 +31,7 @@ void MoeTuner::load() {
       c.tile_tokens = v.at("tile_tokens").get<int>();
       c.why = v.value("why", std::string());
       c.fused = v.value("fused", false);
+      c.hot_tokens = v.value("hot_tokens", 0);
       entries_[key] = c;
     }
   } catch (const std::exception& e) {
@@ -42,7 +43,8 @@ void MoeTuner::load() {
 void MoeTuner::save() const {
   if (path_.empty()) return;
   nlohmann::json j{{"version", 1}, {"entries", nlohmann::json::object()}};
-  for (const auto& [key, c] : entries_) j["entries"][key] = {{"tile_tokens", c.tile_tokens}, {"fused", c.fused}, {"why", c.why}};
+  for (const auto& [key, c] : entries_)
+    j["entries"][key] = {{"tile_tokens", c.tile_tokens}, {"fused", c.fused}, {"hot_tokens", c.hot_tokens}, {"why", c.why}};
   std::error_code ec;
   fs::create_directories(fs::path(path_).parent_path(), ec);
   // Write then rename, so a reader never sees half a file. The ranks of one process (--tp,

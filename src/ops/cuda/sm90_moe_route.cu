@@ -141,17 +141,20 @@ struct PermuteParams {
   int n_tokens, top_k, first_expert, n_experts;
   bool shared;     // slot k of every token is the shared expert (id n_experts)
   int tile_tokens;
+  int hot_tokens;  // 0, or the items of experts with more than tile_tokens rows (s.hot_items)
   MoeScratch s;
 };
 
 // One block: counts tokens per expert, lays the experts' rows out contiguously (expert
-// order), cuts each expert's rows into work items of at most tile_tokens, and records for
-// every (token, slot) its permuted row. Within an expert the row order is whatever the
-// atomics give; every row is computed independently, so the results do not depend on it.
+// order), cuts each expert's rows into work items of at most tile_tokens (with hot_tokens, an
+// expert with more rows than that into items of at most hot_tokens, in the second list), and
+// records for every (token, slot) its permuted row. Within an expert the row order is
+// whatever the atomics give; every row is computed independently, so the results do not
+// depend on it.
 __global__ void __launch_bounds__(kPermuteThreads) permute_kernel(PermuteParams p) {
   pdl_wait();
   pdl_launch_dependents();
-  __shared__ int cnt[kMaxExperts + 1], off[kMaxExperts + 1], item_off[kMaxExperts + 1];
+  __shared__ int cnt[kMaxExperts + 1], off[kMaxExperts + 1], item_off[kMaxExperts + 1], hot_off[kMaxExperts + 1];
   const int n_stored = p.n_experts + (p.shared ? 1 : 0);
   const int kk = p.top_k + (p.shared ? 1 : 0);
   const int n_rows = p.n_tokens * kk;
@@ -163,16 +166,24 @@ __global__ void __launch_bounds__(kPermuteThreads) permute_kernel(PermuteParams 
     p.s.pos[i] = e >= 0 ? atomicAdd(&cnt[e], 1) : -1;
   }
   __syncthreads();
+  const int tile = p.tile_tokens, hot = p.hot_tokens;
+  const auto is_hot = [tile, hot](int c) { return hot > 0 && c > tile; };
   if (threadIdx.x < 32) {
-    const int n_items = warp_scan_expert_rows(cnt, n_stored, p.tile_tokens, off, item_off);
+    const int n_items = warp_scan_expert_items(
+        cnt, n_stored, [&](int c) { return is_hot(c) ? 0 : (c + tile - 1) / tile; }, off, item_off);
     if (threadIdx.x == 0) *p.s.n_items = n_items;
+    if (hot > 0) {  // the same row offsets again, and the hot items'
+      const int n_hot = warp_scan_expert_items(
+          cnt, n_stored, [&](int c) { return is_hot(c) ? (c + hot - 1) / hot : 0; }, off, hot_off);
+      if (threadIdx.x == 0) *p.s.n_hot_items = n_hot;
+    }
   }
   __syncthreads();
   for (int e = threadIdx.x; e < n_stored; e += blockDim.x) {
     const int n = cnt[e];
-    for (int q = 0; q * p.tile_tokens < n; ++q)
-      p.s.items[item_off[e] + q] =
-          MoeWorkItem{e, off[e] + q * p.tile_tokens, min(p.tile_tokens, n - q * p.tile_tokens), 0};
+    const int w = is_hot(n) ? hot : tile;
+    MoeWorkItem* items = is_hot(n) ? p.s.hot_items + hot_off[e] : p.s.items + item_off[e];
+    for (int q = 0; q * w < n; ++q) items[q] = MoeWorkItem{e, off[e] + q * w, min(w, n - q * w), 0};
   }
   for (int i = threadIdx.x; i < n_rows; i += blockDim.x) {
     const int t = i / kk, j = i - t * kk;
@@ -235,9 +246,11 @@ void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens,
 }
 
 void launch_permute(const KernelLaunch& launch, const int* ids, int n_tokens, int top_k, int first_expert,
-                    int n_experts, bool shared, int tile_tokens, const MoeScratch& s) {
+                    int n_experts, bool shared, int tile_tokens, int hot_tokens, const MoeScratch& s) {
   TETRA_CHECK(n_experts + 1 <= kMaxExperts, "moe: at most ", kMaxExperts - 1, " experts");
-  PermuteParams p{ids, n_tokens, top_k, first_expert, n_experts, shared, tile_tokens, s};
+  TETRA_CHECK(hot_tokens == 0 || (hot_tokens > tile_tokens && s.hot_items && s.n_hot_items),
+              "moe: hot items are wider than the others and need their own list");
+  PermuteParams p{ids, n_tokens, top_k, first_expert, n_experts, shared, tile_tokens, hot_tokens, s};
   launch_kernel(launch, permute_kernel, 1, kPermuteThreads, 0, p);
 }
 

@@ -34,6 +34,7 @@ TEST(MoeTune, EntriesSurviveARestart) {
     c.tile_tokens = 16;
     c.why = "fastest";
     tuner.store("gpu|nvfp4|H6144|I2048|E257|k8|T64", c);
+    tuner.store("gpu|nvfp4|H6144|I2048|E257|k8|T256", MoeConfig{.tile_tokens = 8, .hot_tokens = 32});
   }
   MoeTuner again(path);
   const auto c = again.find("gpu|nvfp4|H6144|I2048|E257|k8|T64");
@@ -41,6 +42,11 @@ TEST(MoeTune, EntriesSurviveARestart) {
   EXPECT_EQ(c->tile_tokens, 16);
   EXPECT_TRUE(c->tuned);
   EXPECT_NE(c->why.find("fastest"), std::string::npos);
+  EXPECT_EQ(c->hot_tokens, 0);
+  const auto hot = again.find("gpu|nvfp4|H6144|I2048|E257|k8|T256");
+  ASSERT_TRUE(hot);
+  EXPECT_EQ(hot->tile_tokens, 8);
+  EXPECT_EQ(hot->hot_tokens, 32);
   EXPECT_FALSE(again.find("gpu|nvfp4|H6144|I2048|E257|k8|T128"));
   std::remove(path.c_str());
 }
