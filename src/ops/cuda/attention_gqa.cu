@@ -48,7 +48,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxHeadDim = 256;
 
 using gqa::KernelArgs;
+using gqa::RowTile;
 using gqa::slot_of;
+using gqa::slot_or_none;
 
 // A block's tiles: kBlockN keys at a time, kStages K/V tiles in shared memory (kStages - 1
 // in flight while one is computed). Prefill (kSplitKeys false): each warp owns 16 query rows
@@ -101,13 +103,6 @@ struct TileShape {
 
 // ---- the mma kernel ----
 
-// One block's work: a tile of packed query rows of one (sequence, KV head), one key split.
-struct RowTile {
-  int seq, kv_head, split;
-  int token_begin, n_rows, row0;  // rows [row0, row0 + kRows) of the sequence's n_rows
-  int key_begin, key_end;         // keys of this split, already cut at the rows' last position
-};
-
 // The two rows (g and g + 8 of its warp's 16) whose scores and outputs a lane holds.
 struct LaneRows {
   bool valid[2];
@@ -152,12 +147,6 @@ __device__ __forceinline__ void load_q_tile(const KernelArgs& a, const RowTile& 
     }
     cp_async_16(smem_addr(q_smem + r * T::kStride + 8 * c), src, valid);
   }
-}
-
-// The cache slot of `key`, or -1 past the split's keys (their block-table entries may be
-// garbage and are never read).
-__device__ __forceinline__ int slot_or_none(const KernelArgs& a, const RowTile& w, int key) {
-  return key < w.key_end ? slot_of(a, w.seq, key) : -1;
 }
 
 // Copies the K and V rows of a tile's slots (found earlier, in shared memory); rows of slot -1

@@ -1,5 +1,5 @@
 // What the GQA attention kernels share (attention_gqa.cu's mma.sync and fallback kernels,
-// attention_gqa_wgmma.cu's prefill kernel): the launch arguments, a key's cache slot, and the
+// attention_gqa_wgmma.cu's prefill kernel): the launch arguments, a key's cache slot, a block's row tile, and the
 // wgmma prefill kernel's tile and launch.
 #pragma once
 
@@ -44,6 +44,20 @@ __device__ __forceinline__ int slot_of(const KernelArgs& a, int seq, int key) {
   const uint32_t index = a.block.quotient(uint32_t(key));
   const int block = a.p.block_tables[int64_t(seq) * a.p.max_blocks_per_seq + index];
   return block * a.p.block_size + int(a.block.remainder(uint32_t(key), index));
+}
+
+// One block's work, in both prefill kernels: a tile of packed query rows of one (sequence, KV
+// head), one key split.
+struct RowTile {
+  int seq, kv_head, split;
+  int token_begin, n_rows, row0;  // rows [row0, row0 + rows a block) of the sequence's n_rows
+  int key_begin, key_end;         // keys of this split, already cut at the rows' last position
+};
+
+// The cache slot of `key`, or -1 past the split's keys (their block-table entries may be
+// garbage and are never read).
+__device__ __forceinline__ int slot_or_none(const KernelArgs& a, const RowTile& w, int key) {
+  return key < w.key_end ? slot_of(a, w.seq, key) : -1;
 }
 #endif
 

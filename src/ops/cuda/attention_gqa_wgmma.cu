@@ -74,19 +74,6 @@ struct Layout {
   static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
 };
 
-// One block's work: a row tile of one (sequence, KV head), one key split.
-struct Work {
-  int seq, kv_head, split;
-  int token_begin, n_rows, row0;
-  int key_begin, key_end;
-};
-
-// The cache slot of `key`, or -1 past the split's keys (their block-table entries may be
-// garbage and are never read).
-__device__ __forceinline__ int slot_or_none(const KernelArgs& a, const Work& w, int key) {
-  return key < w.key_end ? slot_of(a, w.seq, key) : -1;
-}
-
 // Unit c (16 bytes, dims 8c .. 8c + 7) of row r of a swizzled tile whose 64-dim column blocks
 // are `atom_bytes` apart.
 __device__ __forceinline__ uint32_t tile_unit(int r, int c, int atom_bytes) {
@@ -103,7 +90,7 @@ __device__ __forceinline__ uint32_t bar(uint32_t base, Bar b, int s) {
 }
 
 // The block's key range: this split's keys, cut at the last position any of its rows has.
-__device__ __forceinline__ void key_range(const KernelArgs& a, Work& w, int* warp_max_smem) {
+__device__ __forceinline__ void key_range(const KernelArgs& a, RowTile& w, int* warp_max_smem) {
   const int tid = int(threadIdx.x), row = w.row0 + tid % kRows;
   const int position = row < w.n_rows ? a.p.positions[w.token_begin + row / a.group] : -1;
   const int wmax = __reduce_max_sync(0xffffffffu, position);
@@ -131,7 +118,7 @@ struct TileSlots {
   int slot[kKeys / 32];
 };
 
-__device__ __forceinline__ TileSlots find_slots(const KernelArgs& a, const Work& w, int tile, int lane) {
+__device__ __forceinline__ TileSlots find_slots(const KernelArgs& a, const RowTile& w, int tile, int lane) {
   TileSlots t;
 #pragma unroll
   for (int i = 0; i < kKeys / 32; ++i) t.slot[i] = slot_or_none(a, w, w.key_begin + tile * kKeys + 32 * i + lane);
@@ -140,7 +127,7 @@ __device__ __forceinline__ TileSlots find_slots(const KernelArgs& a, const Work&
 
 // Copies a tile's K and V rows, two rows an instruction (lanes 0-15 and 16-31, a 16-byte chunk
 // each: 256 contiguous bytes a row); rows of slot -1 are zeros.
-__device__ __forceinline__ void copy_tile(const KernelArgs& a, const Work& w, const TileSlots& t, uint32_t k_smem,
+__device__ __forceinline__ void copy_tile(const KernelArgs& a, const RowTile& w, const TileSlots& t, uint32_t k_smem,
                                           int lane) {
   const uint16_t* k_cache = static_cast<const uint16_t*>(a.p.k_cache);
   const uint16_t* v_cache = static_cast<const uint16_t*>(a.p.v_cache);
@@ -173,7 +160,7 @@ __device__ __forceinline__ void hand_over(uint32_t base, int tile, int lane) {
 }
 
 // A BF16 cache: one warp copies the rows into the stages.
-__device__ __forceinline__ void produce_bf16(const KernelArgs& a, const Work& w, uint32_t base, int n_tiles, int lane) {
+__device__ __forceinline__ void produce_bf16(const KernelArgs& a, const RowTile& w, uint32_t base, int n_tiles, int lane) {
   constexpr int kStages = Layout<false>::kStages;
   if (n_tiles == 0) return;
   TileSlots slots = find_slots(a, w, 0, lane);
@@ -200,7 +187,7 @@ __device__ __forceinline__ void producer_sync() { asm volatile("bar.sync 5, 128;
 // An FP8 tile's K and V bytes into a staging buffer, by the producer warpgroup (t: its thread):
 // each warp the rows of its 32 keys, four rows an instruction (a lane a 16-byte chunk, a row's
 // 128 bytes contiguous); rows of slot -1 are zeros.
-__device__ __forceinline__ void stage_fp8_tile(const KernelArgs& a, const Work& w, int tile, uint32_t staging, int t) {
+__device__ __forceinline__ void stage_fp8_tile(const KernelArgs& a, const RowTile& w, int tile, uint32_t staging, int t) {
   const uint8_t* k_cache = static_cast<const uint8_t*>(a.p.k_cache);
   const uint8_t* v_cache = static_cast<const uint8_t*>(a.p.v_cache);
   const int lane = t % 32, warp_row0 = t - lane, c = lane % 8;
@@ -238,7 +225,7 @@ __device__ __forceinline__ void widen_fp8_part(const uint8_t* staged, uint32_t t
 
 // An FP8 cache: the producer warpgroup stages tile it + 1's bytes while it widens tile it, K
 // then V, each as soon as the consumers have given that part of the stage back.
-__device__ __forceinline__ void produce_fp8(const KernelArgs& a, const Work& w, uint32_t base, uint8_t* smem,
+__device__ __forceinline__ void produce_fp8(const KernelArgs& a, const RowTile& w, uint32_t base, uint8_t* smem,
                                             int n_tiles, int t) {
   using L = Layout<true>;
   if (n_tiles == 0) return;
@@ -286,7 +273,7 @@ __device__ __forceinline__ void give_turn(int wg) {
 }
 
 // The warpgroup's 64 Q rows, by its 128 threads; padding rows are zeros.
-__device__ __forceinline__ void load_q(const KernelArgs& a, const Work& w, uint32_t q_smem, int wg, int t) {
+__device__ __forceinline__ void load_q(const KernelArgs& a, const RowTile& w, uint32_t q_smem, int wg, int t) {
   constexpr int kPerThread = 64 * kChunks / 128;
 #pragma unroll 2
   for (int i = 0; i < kPerThread; ++i) {
@@ -375,7 +362,7 @@ __device__ __forceinline__ void give_back(uint32_t base, Bar part, int stage, in
 }
 
 template <bool kFp8>
-__device__ __forceinline__ void consume(const KernelArgs& a, const Work& w, uint32_t base, int n_tiles, int wg,
+__device__ __forceinline__ void consume(const KernelArgs& a, const RowTile& w, uint32_t base, int n_tiles, int wg,
                                         int warp, int lane) {
   constexpr int kStages = Layout<kFp8>::kStages;
   const int g = lane / 4, t4 = lane % 4;
@@ -483,7 +470,7 @@ __device__ __forceinline__ void row_tiles(const KernelArgs& a, uint32_t base, ui
   using L = Layout<kFp8>;
   const int n_heads_splits = a.p.n_kv_heads * a.n_splits;
   const int n_row_tiles = int(gridDim.x) / n_heads_splits;
-  Work w;
+  RowTile w;
   w.seq = int(blockIdx.y);
   w.split = int(blockIdx.x) % a.n_splits;
   w.kv_head = (int(blockIdx.x) / a.n_splits) % a.p.n_kv_heads;
