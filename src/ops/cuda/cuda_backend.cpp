@@ -543,8 +543,12 @@ void CudaBackend::sample(const Context& ctx, TensorView logits, TensorView rows,
 
 namespace {
 
-// A tuned MoE choice as the startup line prints it: the tile width, or "fused".
-std::string moe_choice(const MoeConfig& c) { return c.fused ? std::string("fused") : std::to_string(c.tile_tokens); }
+// A tuned MoE choice as the startup line prints it: the tile width (with the hot experts'
+// width after a '+'), or "fused".
+std::string moe_choice(const MoeConfig& c) {
+  if (c.fused) return "fused";
+  return c.hot_tokens ? str_cat(c.tile_tokens, "+", c.hot_tokens) : std::to_string(c.tile_tokens);
+}
 
 }  // namespace
 

@@ -47,9 +47,6 @@ std::span<const int> moe_tile_choices(WeightFormat format) {
   return kDense;
 }
 
-// Hot items are at least 16 rows wide, so the list for the narrowest bounds every other.
-constexpr int kMinHotTokens = 16;
-
 int64_t moe_scratch_bytes(const CudaMoeExperts& ex, int64_t n_tokens, int top_k, int tile_tokens) {
   const int64_t rows = n_tokens * (top_k + (ex.shape.shared_expert ? 1 : 0));
   return 2 * kAlign + align_up(int64_t(max_work_items(ex, rows, tile_tokens)) * sizeof(MoeWorkItem)) +
@@ -175,8 +172,9 @@ MoeConfig tune(const Context& ctx, const CudaMoeExperts& ex, TensorView x, Tenso
   for (int i = std::max(hi - 1, 0); i <= std::min(hi + 1, int(tiles.size()) - 1); ++i)
     candidates.push_back(MoeConfig{tiles[i]});
   // Where the narrow tiles run, the same with a wider one for the experts they would read
-  // several times (up to 64: beyond, the heuristic has already left the narrow tiles).
-  if (h <= 16)
+  // several times (up to 64: beyond, the heuristic has already left the narrow tiles). Up to 8
+  // tokens no expert has more rows than a tile of 8, so there is nothing to time.
+  if (h <= 16 && T > 8)
     for (int hot : tiles)
       if (hot > 8 && hot <= 64) candidates.push_back(MoeConfig{.tile_tokens = 8, .hot_tokens = hot});
   if (moe_decode_takes(ex, T, top_k)) candidates.push_back(MoeConfig{8, false, "", true});

@@ -106,6 +106,9 @@ struct MoeWorkItem {
 static_assert(sizeof(MoeWorkItem) == 16, "work items are read as one 16-byte load");
 
 // Scratch of one moe_experts call, carved from ctx.workspace.
+// Hot items are at least this wide, which bounds the size of their list.
+constexpr int kMinHotTokens = 16;
+
 struct MoeScratch {
   int* n_items;           // [1]
   MoeWorkItem* items;     // [max_items]
@@ -117,7 +120,7 @@ struct MoeScratch {
   int* pos;               // [T*k']: permuted row of each (token, slot)
   uint16_t* h;            // bf16 [T*k', I]: silu(gate) * up, permuted rows
   float* y;               // f32 [T*k', H]: down projection, permuted rows
-  int max_items, max_hot_items;
+  int max_items, max_hot_items;  // the hot list is sized for items of kMinHotTokens
   // The same rows, with the hot list as the items a GEMM launch reads.
   MoeScratch hot() const {
     MoeScratch s = *this;

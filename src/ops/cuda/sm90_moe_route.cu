@@ -248,8 +248,10 @@ void launch_route(const KernelLaunch& launch, const float* logits, int n_tokens,
 void launch_permute(const KernelLaunch& launch, const int* ids, int n_tokens, int top_k, int first_expert,
                     int n_experts, bool shared, int tile_tokens, int hot_tokens, const MoeScratch& s) {
   TETRA_CHECK(n_experts + 1 <= kMaxExperts, "moe: at most ", kMaxExperts - 1, " experts");
-  TETRA_CHECK(hot_tokens == 0 || (hot_tokens > tile_tokens && s.hot_items && s.n_hot_items),
-              "moe: hot items are wider than the others and need their own list");
+  TETRA_CHECK(hot_tokens == 0 || (hot_tokens > tile_tokens && hot_tokens >= kMinHotTokens && s.hot_items &&
+                                   s.n_hot_items),
+              "moe: hot items are wider than the others, at least ", kMinHotTokens,
+              " tokens (their list is sized so), and need their own list");
   PermuteParams p{ids, n_tokens, top_k, first_expert, n_experts, shared, tile_tokens, hot_tokens, s};
   launch_kernel(launch, permute_kernel, 1, kPermuteThreads, 0, p);
 }
