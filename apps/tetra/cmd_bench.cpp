@@ -62,7 +62,9 @@ int bench_moe(int argc, char** argv) {
   app.add_flag("--fused", fused,
                "force the fused decode kernel (the whole layer in one launch, items of 8 tokens; up to 64 tokens)")
       ->excludes("--tile");
-  app.add_flag("--sweep", sweep, "also time every tile width (and the fused decode kernel) and print each");
+  app.add_flag("--sweep", sweep,
+               "also time every tile width, tiles of 8 with each wider tile for the experts with more rows, "
+               "and the fused decode kernel, and print each");
   app.add_flag("--breakdown", breakdown, "also time each stage of the layer alone");
   app.add_flag("--no-baseline", no_baseline, "skip the BF16 cuBLAS and FP8 cuBLASLt baselines");
   app.add_flag("--json", json, "print one JSON object on stdout");
