@@ -204,7 +204,7 @@ __device__ __forceinline__ void widen_tile(const uint8_t* k_stage, const uint8_t
   constexpr int kPerThread = (kChunks + T::kThreads - 1) / T::kThreads;
   const auto widen = [](const uint8_t* src, uint16_t* dst) {
     uint32_t out[8];
-    gqa::widen_e4m3x16(*reinterpret_cast<const uint4*>(src), out);
+    widen_e4m3x16(*reinterpret_cast<const uint4*>(src), out);
     reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
   };

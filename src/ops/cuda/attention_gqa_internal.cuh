@@ -29,17 +29,6 @@ struct KernelArgs {
 };
 
 #if defined(__CUDACC__)
-// 16 E4M3 values (one 16-byte chunk of an FP8 cache row) as 16 BF16 values in 8 words, in
-// order: exact (E4M3's 3 mantissa bits fit BF16's 7), through FP16 (one cvt a pair).
-__device__ __forceinline__ void widen_e4m3x16(const uint4& v, uint32_t (&out)[8]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t h = e4m3x2_to_f16x2(word(v, i / 2) >> (16 * (i & 1)));
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-    out[i] = pack_bf16x2(f.x, f.y);
-  }
-}
-
 __device__ __forceinline__ int slot_of(const KernelArgs& a, int seq, int key) {
   const uint32_t index = a.block.quotient(uint32_t(key));
   const int block = a.p.block_tables[int64_t(seq) * a.p.max_blocks_per_seq + index];

@@ -214,12 +214,8 @@ __device__ __forceinline__ void widen_fp8_part(const uint8_t* staged, uint32_t t
     const int q = t + 128 * i, r = q / kRowChunks, c = q % kRowChunks;
     uint32_t out[8];
     widen_e4m3x16(*reinterpret_cast<const uint4*>(staged + r * kD + 16 * c), out);
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(tile + tile_unit(r, 2 * c, kKvAtomBytes)),
-                 "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
-                 : "memory");
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(tile + tile_unit(r, 2 * c + 1, kKvAtomBytes)),
-                 "r"(out[4]), "r"(out[5]), "r"(out[6]), "r"(out[7])
-                 : "memory");
+    st_shared_16(tile + tile_unit(r, 2 * c, kKvAtomBytes), out[0], out[1], out[2], out[3]);
+    st_shared_16(tile + tile_unit(r, 2 * c + 1, kKvAtomBytes), out[4], out[5], out[6], out[7]);
   }
 }
 

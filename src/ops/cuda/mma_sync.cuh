@@ -27,6 +27,10 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(valid ? 16 : 0)
                : "memory");
 }
+// 16 bytes (four words, the first at the lowest address) to shared memory.
+__device__ __forceinline__ void st_shared_16(uint32_t dst, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(w0), "r"(w1), "r"(w2), "r"(w3) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
@@ -83,6 +87,26 @@ __device__ __forceinline__ float exp2_approx(float x) {  // ex2(-inf) = 0
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Two E4M3 values (the low 16 bits) as a BF16 pair, in the same order: exact (E4M3's 3
+// mantissa bits fit BF16's 7), through FP16 (one cvt a pair).
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t pair) {
+  const uint32_t h = e4m3x2_to_f16x2(pair);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return pack_bf16x2(f.x, f.y);
+}
+
+// 16 E4M3 values (one 16-byte chunk of an FP8 cache row) as 16 BF16 values in 8 words, in order.
+__device__ __forceinline__ void widen_e4m3x16(const uint4& v, uint32_t (&out)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = e4m3x2_to_bf16x2(word(v, i / 2) >> (16 * (i & 1)));
+}
+
+// 8 E4M3 values as the 16-byte chunk of 8 BF16 values they stand for.
+__device__ __forceinline__ uint4 widen_e4m3x8(const uint2& v) {
+  return make_uint4(e4m3x2_to_bf16x2(v.x), e4m3x2_to_bf16x2(v.x >> 16), e4m3x2_to_bf16x2(v.y),
+                    e4m3x2_to_bf16x2(v.y >> 16));
 }
 
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
