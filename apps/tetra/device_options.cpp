@@ -20,8 +20,8 @@ void add_device_flags(CLI::App& app, DeviceFlags& flags, bool load_format) {
   // Checked by backend_options, so a bad value is the flag's one sentence, not CLI11's.
   app.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
                  "the paged KV cache's element type: auto (the backend's own: F32 on the CPU, BF16 on the "
-                 "GPU) or fp8_e4m3 (E4M3 bytes with a per-layer scale for K and V; half BF16's bytes; on the GPU "
-                 "for GQA models so far)");
+                 "GPU) or fp8_e4m3 (E4M3 bytes with a per-layer scale for K and V, MLA's latent at 1; half "
+                 "BF16's bytes)");
   app.add_option("--moe-activation-dtype", flags.moe_activation_dtype,
                  "the activations NVFP4 experts multiply: auto (the model's own, W4A16) or fp8_e4m3 (W4A8: E4M3 "
                  "with a scale per token per 128 channels; the CPU reference only so far)");

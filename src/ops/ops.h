@@ -454,7 +454,7 @@ struct BackendOptions {
   bool moe_autotune = true;      // time the MoE tiles at warm-up (else the heuristic decides)
   bool pdl = true;               // CUDA: programmatic dependent launch where the device has it
   // --kv-cache-dtype: none is `auto` (the backend's own: F32 on the CPU, BF16 on CUDA);
-  // F8_E4M3 is `fp8_e4m3` (on CUDA for GQA models so far: its MLA ops refuse it).
+  // F8_E4M3 is `fp8_e4m3`.
   std::optional<DType> kv_cache_dtype;
   // --moe-activation-dtype: none is `auto` (the activations' own dtype, W4A16 for NVFP4
   // experts); F8_E4M3 runs NVFP4 experts as W4A8 (the CPU reference only so far).

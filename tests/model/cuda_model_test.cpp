@@ -106,17 +106,16 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaDummy,
 class CudaFp8Kv : public Cuda, public ::testing::WithParamInterface<std::string> {};
 
 // --kv-cache-dtype fp8_e4m3 on both backends (E4M3 keys and values at the checkpoint's scales,
-// 1 here): the GQA families' GPU run against the CPU's over the same kind of cache. (The CUDA
-// MLA kernels read a BF16 latent cache only so far.) The two caches are not the same bytes: the
-// GPU rounds BF16 activations to E4M3, the CPU F32 ones, so wherever the two straddle an E4M3
-// rounding boundary the values differ by a whole E4M3 step (2^-3 of a value). That is one FP8
-// rounding apart, what tests/model/fp8_kv_cache_test.cpp bounds between the CPU's FP8 and F32
-// caches, and these are its bounds: mean |dlogprob| 0.3 over the shared tokens, any one 2.0;
-// at a parting, each run's token is in the other's top 5. (Measured, 2026-12-02: means
-// 0.006-0.007, the largest one 0.023-0.072 a family; the BF16 rule above, 0.05, is for runs one
-// BF16 rounding apart.) The kernels themselves
-// are held to the BF16 tolerances on the same bytes (AttentionCudaTest's fp8_ cases,
-// BackendParityFp8Kv).
+// 1 here; MLA's latent rows and DSA index keys at 1): every family's GPU run against the CPU's
+// over the same kind of cache. The two caches are not the same bytes: the GPU rounds BF16
+// activations to E4M3, the CPU F32 ones, so wherever the two straddle an E4M3 rounding
+// boundary the values differ by a whole E4M3 step (2^-3 of a value). That is one FP8 rounding
+// apart, what tests/model/fp8_kv_cache_test.cpp bounds between the CPU's FP8 and F32 caches,
+// and these are its bounds: mean |dlogprob| 0.3 over the shared tokens, any one 2.0; at a
+// parting, each run's token is in the other's top 5. (Measured on the GQA families, 2026-12-02:
+// means 0.006-0.007, the largest one 0.023-0.072 a family; the BF16 rule above, 0.05, is for
+// runs one BF16 rounding apart.) The kernels themselves are held to the BF16 tolerances on the
+// same bytes (AttentionCudaTest's fp8_ cases, BackendParityFp8Kv).
 constexpr double kFp8MeanLogprobTolerance = 0.3, kFp8LogprobTolerance = 2.0;
 
 TEST_P(CudaFp8Kv, BatchedEngineMatchesTheCpusFp8Cache) {
@@ -153,9 +152,10 @@ TEST_P(CudaFp8Kv, BatchedEngineMatchesTheCpusFp8Cache) {
               sum / double(shared), shared);
 }
 
-INSTANTIATE_TEST_SUITE_P(GqaFamilies, CudaFp8Kv,
+INSTANTIATE_TEST_SUITE_P(Families, CudaFp8Kv,
                          ::testing::Values("qwen3_moe-small-config", "qwen3_moe-small-nvfp4-config",
-                                           "glm4_moe-small-config", "mixtral-small-config"),
+                                           "glm4_moe-small-config", "mixtral-small-config",
+                                           "deepseek_v3-small-config", "glm_moe_dsa-small-config"),
                          testing::fixture_test_name);
 
 // The engine's behaviours on the GPU, each against the same requests run one at a time on

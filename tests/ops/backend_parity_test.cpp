@@ -66,6 +66,10 @@ struct Side {
     if (dtype == DType::BF16) {
       for (size_t i = 0; i < v.size(); ++i) half[i] = f32_to_bf16(v[i]);
       b->copy_from_host(t, half.data());
+    } else if (dtype == DType::F8_E4M3) {
+      std::vector<uint8_t> bytes(v.size());
+      for (size_t i = 0; i < v.size(); ++i) bytes[i] = f32_to_e4m3(v[i]);
+      b->copy_from_host(t, bytes.data());
     } else {
       b->copy_from_host(t, v.data());
     }
@@ -96,6 +100,10 @@ struct Side {
       std::vector<int32_t> h(v.size());
       b->copy_to_host(h.data(), t);
       for (size_t i = 0; i < v.size(); ++i) v[i] = float(h[i]);
+    } else if (t.dtype == DType::F8_E4M3) {
+      std::vector<uint8_t> h(v.size());
+      b->copy_to_host(h.data(), t);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = e4m3_to_f32(h[i]);
     } else {
       b->copy_to_host(v.data(), t);
     }
@@ -698,7 +706,8 @@ void mla_case(BackendParity& p, const std::vector<SeqSpec>& seqs, MlaShape m, in
     }
   }
   const float scale = 0.1f;  // scores of a few units: a softmax neither flat nor one-hot
-  std::vector<float> got, want;
+  const bool fp8 = p.cpu->b->kv_dtype() == DType::F8_E4M3;
+  std::vector<float> got, want, caches[2];
   for (Side* s : {p.cpu.get(), p.gpu.get()}) {
     KvCacheLayer cache{s->out({steps.total_blocks, bs, 1, width}, s->b->kv_dtype()), {}, {}};
     if (pre_tokens > 0)
@@ -711,12 +720,21 @@ void mla_case(BackendParity& p, const std::vector<SeqSpec>& seqs, MlaShape m, in
     s->b->mla_attention(s->ctx, s->act(ql, {n_tokens, m.heads, m.rank}), s->act(qr, {n_tokens, m.heads, m.rope}),
                         cache, b, scale, selected, o);
     (s == p.cpu.get() ? want : got) = s->read(o);
+    if (fp8) caches[s == p.cpu.get() ? 0 : 1] = s->read(cache.k);
   }
-  report("mla_attention " + name, nmse(got, want), kBf16Inner);
+  if (fp8) {  // the same E4M3 values from the same BF16 inputs (unwritten rows: NaN on both)
+    int64_t differ = 0;
+    for (size_t i = 0; i < caches[0].size(); ++i)
+      differ += caches[0][i] != caches[1][i] && !(std::isnan(caches[0][i]) && std::isnan(caches[1][i]));
+    EXPECT_EQ(differ, 0) << name << ": FP8 latent values the backends wrote differently";
+  }
+  report(std::string(fp8 ? "mla_attention, FP8 cache, " : "mla_attention ") + name, nmse(got, want), kBf16Inner);
 }
 
+const MlaShape kGlm5{64, 512, 64}, kDeepseek{128, 512, 64}, kNarrow{16, 512, 64}, kTiny{4, 32, 8};
+
 TEST_F(BackendParity, MlaAttentionDecodePrefillAndSelected) {
-  const MlaShape glm5{64, 512, 64}, deepseek{128, 512, 64}, narrow{16, 512, 64}, tiny{4, 32, 8};
+  const MlaShape glm5 = kGlm5, deepseek = kDeepseek, narrow = kNarrow, tiny = kTiny;
   mla_case(*this, {{0, 1}}, narrow, 16, 0, "one token, context 1");
   mla_case(*this, {{4095, 1}}, glm5, 64, 0, "GLM-5 decode at 4k");
   mla_case(*this, {{32767, 1}}, narrow, 64, 0, "decode at 32k, one sequence (split keys)");
@@ -744,6 +762,79 @@ TEST_F(BackendParity, MlaAttentionDecodePrefillAndSelected) {
   mla_case(*this, {{20, 3}, {0, 2}}, tiny, 4, 6, "tiny shape (fallback), 6 selected keys");
 }
 
+// An E4M3 latent cache: every kernel (fallback, the mma.sync tiles, wgmma with and without a
+// cluster merge, selected keys) stages and widens its bytes, held to the BF16 tolerance of
+// reading the same values, which both backends must have written.
+TEST_F(BackendParityFp8Kv, MlaAttentionDecodePrefillAndSelected) {
+  std::vector<SeqSpec> b16;
+  for (int s = 0; s < 16; ++s) b16.push_back({(s * 397) % 3000, 1});
+  mla_case(*this, {{0, 1}}, kNarrow, 16, 0, "one token, context 1 (tiled)");
+  mla_case(*this, {{32767, 1}}, kNarrow, 64, 0, "decode at 32k, one sequence (tiled, split keys)");
+  mla_case(*this, {{50, 40}}, kNarrow, 16, 32, "prefill over 32 selected keys per token (tiled)");
+  mla_case(*this, {{4095, 1}}, kGlm5, 64, 0, "GLM-5 decode at 4k (wgmma)");
+  mla_case(*this, {{2000, 1}, {5000, 1}, {1, 1}}, kDeepseek, 64, 0, "DeepSeek-V3 decode, 3 sequences (wgmma)");
+  mla_case(*this, {{0, 300}}, kNarrow, 16, 0, "prefill of 300 from position 0 (wgmma)");
+  mla_case(*this, b16, kGlm5, 64, 0, "GLM-5 decode, 16 mixed sequences (wgmma, 8 splits)");
+  mla_case(*this, {{4095, 1}, {100, 1}, {3, 1}}, kGlm5, 64, 2048, "GLM-5 decode over 2,048 selected keys (wgmma)");
+  mla_case(*this, {{30, 5}, {7, 1}}, kTiny, 7, 0, "tiny fixture shape (fallback), block size 7");
+  mla_case(*this, {{20, 3}, {0, 2}}, kTiny, 4, 6, "tiny shape (fallback), 6 selected keys");
+}
+
+// MLA's fused attention-input step into an E4M3 cache, on the GPU: each written row is its own
+// normed and rotated latent (the op's ckv output) rounded to E4M3 once, as the separate ops'
+// cache_write rounds it; slots -1 write nothing.
+TEST_F(BackendParityFp8Kv, MlaRopeCacheWriteRoundsTheLatentOnce) {
+  const int64_t t = 11, heads = 4, dn = 128, dr = 64, rank = 512, n_blocks = 3, bs = 8, width = rank + dr;
+  const auto q = randn(t * heads * (dn + dr), 2.0f), ckv = randn(t * width, 2.0f), kn = randn(rank, 0.5f);
+  std::vector<int32_t> pos(static_cast<size_t>(t)), slots(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) {
+    pos[size_t(i)] = int32_t(rng() % 100000u);
+    slots[size_t(i)] = i % 4 == 2 ? -1 : int32_t((i * 5) % (n_blocks * bs));
+  }
+  std::vector<float> inv(32);
+  for (int i = 0; i < 32; ++i) inv[size_t(i)] = float(std::pow(10000.0, -2.0 * i / 64));
+  Side& s = *gpu;
+  const RopeSpec spec{.inv_freq = s.put(inv, {32}, DType::F32), .attention_scaling = 1.0f, .rotary_dim = 64,
+                      .interleaved = true};
+  AttentionBatch b;
+  b.n_tokens = int(t);
+  b.positions = s.ints(pos, {t});
+  b.slot_mapping = s.ints(slots, {t});
+  const TensorView norm = s.put(kn, {rank}, DType::BF16);
+  std::vector<float> rows, cache_values[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    const TensorView cache = s.put(std::vector<float>(size_t(n_blocks * bs * width), 0.0f), {n_blocks, bs, 1, width},
+                                   DType::F8_E4M3);
+    const TensorView qv = s.act(q, {t, heads, dn + dr}), cv = s.act(ckv, {t, width});
+    const TensorView qn = s.out_act({t, heads, dn}), qr = s.out_act({t, heads, dr});
+    if (fused)
+      s.b->mla_rope_cache_write(s.ctx, qv, qn, qr, cv, norm, 1e-6f, spec, b, cache);
+    else
+      s.b->Backend::mla_rope_cache_write(s.ctx, qv, qn, qr, cv, norm, 1e-6f, spec, b, cache);
+    if (fused) rows = s.read(cv);
+    cache_values[fused] = s.read(cache);
+  }
+  int64_t written = 0;
+  std::vector<bool> is_written(size_t(n_blocks * bs), false);
+  for (int64_t i = 0; i < t; ++i) {
+    if (slots[size_t(i)] < 0) continue;
+    is_written[size_t(slots[size_t(i)])] = true;
+    for (int64_t d = 0; d < width; ++d) {
+      const float want = e4m3_to_f32(f32_to_e4m3(rows[size_t(i * width + d)]));
+      const float got = cache_values[1][size_t(slots[size_t(i)] * width + d)];
+      written += got == want;
+      EXPECT_EQ(got, want) << "token " << i << " value " << d;
+      if (got != want) break;
+    }
+  }
+  EXPECT_EQ(written, 8 * width);
+  for (int64_t slot = 0; slot < n_blocks * bs; ++slot) {
+    if (is_written[size_t(slot)]) continue;
+    for (int64_t d = 0; d < width; ++d) ASSERT_EQ(cache_values[1][size_t(slot * width + d)], 0.0f) << "slot " << slot;
+  }
+  EXPECT_LE(nmse(cache_values[1], cache_values[0]), kBf16Out) << "fused against the separate ops";
+}
+
 // The DSA's choice against a double-precision reference on the same inputs: both backends
 // must take min(top_k, keys) distinct positions of the token's keys, and where their sets
 // differ, each key in one but not the other must score within a rounding of the top_k-th
@@ -757,6 +848,10 @@ void dsa_case(BackendParity& p, const std::vector<SeqSpec>& seqs, int heads, int
   if (all_equal) {
     std::fill(k_pre.begin(), k_pre.end(), 0.5f);
     std::fill(k_now.begin(), k_now.end(), 0.5f);
+  }
+  if (p.cpu->b->kv_dtype() == DType::F8_E4M3) {  // the keys both backends store, and the reference reads
+    for (auto* keys : {&k_pre, &k_now})
+      for (float& v : *keys) v = e4m3_to_f32(f32_to_e4m3(v));
   }
   const auto q = p.randn(n_tokens * heads * dim), weights = p.randn(n_tokens * heads, 1.0f, false);
   const float q_scale = 1.0f / std::sqrt(float(dim)), weight_scale = 1.0f / std::sqrt(float(heads));
@@ -845,6 +940,16 @@ TEST_F(BackendParity, DsaSelectAboveAndBelowTopK) {
   // Prompts under table rows sized for a long context: the keys the step has, not the row's.
   dsa_case(*this, {{0, 700}}, 32, 128, 512, 64, false, "prefill of 700 under a row of 192k keys", 3000);
   dsa_case(*this, {{100, 300}, {0, 50}, {5000, 2}}, 32, 128, 256, 64, false, "mixed step, rows of 64k", 900);
+}
+
+// E4M3 index keys on both backends: both scores kernels (mma.sync for 32 heads of 128 and 8 of
+// 32, a thread a key for 4 of 64) widen them as they read.
+TEST_F(BackendParityFp8Kv, DsaSelectAboveAndBelowTopK) {
+  dsa_case(*this, {{4095, 1}, {1000, 1}, {10, 1}}, 32, 128, 2048, 64, false, "FP8 keys, GLM-5 decode: 4k, 1k, 11 keys");
+  dsa_case(*this, {{60, 80}}, 8, 32, 16, 16, false, "FP8 keys, prefill, top 16 of up to 140 keys");
+  dsa_case(*this, {{3000, 1}}, 4, 64, 100, 16, true, "FP8 keys, 3,001 equal keys: the first 100");
+  dsa_case(*this, {{1999, 1}}, 4, 64, 100, 16, false, "FP8 keys, 4 heads of 64 (a thread a key)");
+  dsa_case(*this, {{20, 3}, {0, 2}}, 8, 32, 4, 7, false, "FP8 keys, tiny fixture shape, block size 7");
 }
 
 TEST_F(BackendParity, HeadLinearBothDirections) {

@@ -10,8 +10,9 @@
 // shared memory and every warp adds them in the same order (so all hold the same scores and
 // softmax state), then warp w accumulates output dims [128w, 128w + 128) of P V, V being the
 // first 512 values of the same rows. Splits leave (max, sum, unnormalized
-// output) in the workspace for combine_kernel, as flash-decoding does. The DSA's key choice is
-// dsa_select.cu's.
+// output) in the workspace for combine_kernel, as flash-decoding does. An FP8 cache stages E4M3
+// tiles in the room of the second BF16 stage and widens each into the first (one more barrier a
+// tile; attention_mla_internal.cuh). The DSA's key choice is dsa_select.cu's.
 #include "ops/cuda/attention_mla.h"
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "ops/cuda/attention_mla_internal.cuh"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_values.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mma_sync.cuh"
 
@@ -49,6 +51,10 @@ static_assert(kWidth % (16 * kDimWarps) == 0 && kRank % (16 * kDimWarps) == 0, "
 static_assert(kRows * kChunks % kThreads == 0 && kKeys * kChunks % kThreads == 0, "equal copies per thread");
 static_assert(kKeys <= kThreads, "one thread finds each key's slot");
 static_assert(kSmemBytes <= 227 * 1024, "one block fits an SM");
+// An FP8 cache: the BF16 tile in stage 0, two staged E4M3 tiles after it.
+constexpr int kFp8StagingOffset = kQBytes + kTileBytes;
+static_assert(kTileBytes % 16 == 0 && kTileBytes + 2 * kFp8TileBytes <= kStages * kTileBytes,
+              "the E4M3 stages fit in the second BF16 stage's room");
 
 __device__ __forceinline__ void load_q(const MlaArgs& a, const Work& w, uint16_t* q_smem) {
   const int H = a.p.n_heads;
@@ -68,11 +74,25 @@ __device__ __forceinline__ void copy_tile(const MlaArgs& a, const int32_t* slots
 #pragma unroll 4
   for (int i = int(threadIdx.x); i < kKeys * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks, slot = slots[r];
-    const uint16_t* src = slot >= 0 ? a.p.cache + int64_t(slot) * kWidth + 8 * c : a.p.cache;
+    const uint16_t* cache = static_cast<const uint16_t*>(a.p.cache);
+    const uint16_t* src = slot >= 0 ? cache + int64_t(slot) * kWidth + 8 * c : cache;
     cp_async_16(smem_addr(tile + r * kStride + 8 * c), src, slot >= 0);
   }
 }
 
+// A key tile into shared memory: a BF16 one into its stage; an FP8 one into its E4M3 staging
+// buffer, widened into stage 0 at the top of its iteration.
+template <bool kFp8>
+__device__ __forceinline__ void copy_key_tile(const MlaArgs& a, const int32_t* slots, uint8_t* smem, int tile) {
+  if constexpr (kFp8) {
+    copy_fp8_tile<kThreads>(a, slots, smem_addr(smem + kFp8StagingOffset + (tile % 2) * kFp8TileBytes),
+                            int(threadIdx.x));
+  } else {
+    copy_tile(a, slots, reinterpret_cast<uint16_t*>(smem + kQBytes + (tile % kStages) * kTileBytes));
+  }
+}
+
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a) {
   pdl_wait();
   pdl_launch_dependents();
@@ -113,21 +133,28 @@ __global__ void __launch_bounds__(kThreads, 1) mla_tiled_kernel(const MlaArgs a)
       }
       load_q(a, w, q_smem);
       __syncthreads();  // the slots of tiles 0 and 1
-      copy_tile(a, slots(0), tile_smem(0));
+      copy_key_tile<kFp8>(a, slots(0), smem, 0);
       cp_async_commit();  // Q and tile 0
     }
     for (int it = 0; it < n_tiles; ++it) {
-      const int stage = it % kStages, next = it + 1;
+      const int next = it + 1;
       cp_async_wait<0>();
       // Tile it landed for every thread; every warp is past iteration it - 1, so the other
-      // stage and the partial scores are free, and the slots of tile it + 1 are visible.
+      // stage (or staging buffer), stage 0 of an FP8 cache and the partial scores are free, and
+      // the slots of tile it + 1 are visible.
       __syncthreads();
-      if (next < n_tiles) copy_tile(a, slots(next % kSlotBuffers), tile_smem(next % kStages));
+      if (next < n_tiles) copy_key_tile<kFp8>(a, slots(next % kSlotBuffers), smem, next);
       cp_async_commit();
       // Tile it + 2's slots take the buffer of tile it - 1 (done with at its mask and copy).
       if (tid < kKeys) slots((it + 2) % kSlotBuffers)[tid] = slot_of_key(a, w, w.key_begin + (it + 2) * kKeys + tid);
+      if constexpr (kFp8) {
+        widen_fp8_tile<kThreads>(
+            smem + kFp8StagingOffset + (it % 2) * kFp8TileBytes,
+            [&](int r, int unit) { return smem_addr(tile_smem(0) + r * kStride + 8 * unit); }, tid);
+        __syncthreads();  // the widened tile
+      }
 
-      const uint16_t* tile = tile_smem(stage);
+      const uint16_t* tile = tile_smem(kFp8 ? 0 : it % kStages);
       // Partial scores over this warp's dims, for all 64 keys.
       float s[kKeys / 8][4];
 #pragma unroll
@@ -330,8 +357,16 @@ constexpr int kFallbackWarps = 4;
 constexpr int kFallbackMaxWidth = 1024;
 constexpr int kFallbackPerLane = kFallbackMaxWidth / 32;
 
+// Value i of a cache row, BF16 or E4M3.
+template <bool kFp8>
+__device__ __forceinline__ float cache_value(const void* row, int i) {
+  if constexpr (kFp8) return e4m3_to_float(static_cast<const uint8_t*>(row)[i]);
+  else return bf16_to_float(static_cast<const uint16_t*>(row)[i]);
+}
+
 // One warp per (token, head), keys one at a time with an online softmax. Lane l holds dims
 // l, l + 32, ... of the row [latent | rope].
+template <bool kFp8>
 __global__ void __launch_bounds__(kFallbackWarps * 32) mla_fallback_kernel(const MlaArgs a) {
   pdl_wait();
   pdl_launch_dependents();
@@ -359,19 +394,19 @@ __global__ void __launch_bounds__(kFallbackWarps * 32) mla_fallback_kernel(const
       pos = p.selected[int64_t(token) * p.top_k + key];
       if (pos < 0 || pos > position || pos >= a.key_cap) continue;
     }
-    const uint16_t* row =
-        p.cache + int64_t(cache_slot(p.block_tables, p.max_blocks_per_seq, p.block_size, seq, pos)) * width;
+    const int64_t slot = cache_slot(p.block_tables, p.max_blocks_per_seq, p.block_size, seq, pos);
+    const void* row = static_cast<const uint8_t*>(p.cache) + slot * width * (kFp8 ? 1 : 2);
     float dot = 0.0f;
 #pragma unroll
     for (int j = 0; j < kFallbackPerLane; ++j)
-      if (lane + 32 * j < width) dot += q[j] * bf16_to_float(row[lane + 32 * j]);
+      if (lane + 32 * j < width) dot += q[j] * cache_value<kFp8>(row, lane + 32 * j);
     const float score = warp_sum(dot) * a.scale_log2;
     const float m_new = fmaxf(m, score);
     const float alpha = exp2_approx(m - m_new), weight = exp2_approx(score - m_new);
     l = l * alpha + weight;
 #pragma unroll
     for (int j = 0; j < kFallbackPerLane; ++j)
-      if (lane + 32 * j < p.rank) acc[j] = acc[j] * alpha + weight * bf16_to_float(row[lane + 32 * j]);
+      if (lane + 32 * j < p.rank) acc[j] = acc[j] * alpha + weight * cache_value<kFp8>(row, lane + 32 * j);
     m = m_new;
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -479,7 +514,8 @@ void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void
   if (plan.path == MlaAttentionPath::Fallback) {
     const int64_t n_blocks = ceil_div(int64_t(p.n_tokens) * p.n_heads, kFallbackWarps);
     TETRA_CHECK(n_blocks <= INT_MAX, "mla_attention: ", p.n_tokens, " tokens x ", p.n_heads, " heads is too many");
-    launch_kernel(launch, mla_fallback_kernel, unsigned(n_blocks), kFallbackWarps * 32, 0, a);
+    launch_kernel(launch, p.fp8_cache ? mla_fallback_kernel<true> : mla_fallback_kernel<false>, unsigned(n_blocks),
+                  kFallbackWarps * 32, 0, a);
     TETRA_CUDA_CHECK_LAUNCH("mla_attention fallback");
     return;
   }
@@ -488,7 +524,8 @@ void mla_attention(const KernelLaunch& launch, const MlaAttentionParams& p, void
   if (plan.path == MlaAttentionPath::Wgmma) {
     launch_mla_wgmma(launch, a, grid);
   } else {
-    launch_kernel(launch, tiled::mla_tiled_kernel, grid, tiled::kThreads, tiled::kSmemBytes, a);
+    launch_kernel(launch, p.fp8_cache ? tiled::mla_tiled_kernel<true> : tiled::mla_tiled_kernel<false>, grid,
+                  tiled::kThreads, tiled::kSmemBytes, a);
     TETRA_CUDA_CHECK_LAUNCH("mla_attention tiled");
   }
   if (plan.n_splits > 1 && !plan.cluster_merge) {

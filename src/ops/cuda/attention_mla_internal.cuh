@@ -8,6 +8,7 @@
 
 #include "ops/cuda/attention_mla.h"
 #include "ops/cuda/launch.h"
+#include "ops/cuda/mma_sync.cuh"
 
 namespace tetra::ops::cuda::mla {
 
@@ -106,7 +107,43 @@ __device__ __forceinline__ int slot_of_key(const MlaArgs& a, const Work& w, int 
   return cache_slot(a.p.block_tables, a.p.max_blocks_per_seq, a.p.block_size, w.seq, position);
 }
 
-// The wgmma kernel (attention_mla_wgmma.cu): 64 rows a block, gridDim as for the tiled one.
+// ---- an FP8 cache ----
+// Both tiled kernels stage a tile's E4M3 rows with cp.async (half a BF16 tile's bytes), then
+// widen them into the BF16 tile their MMAs read, between two barriers: the MMAs stay BF16 and
+// see exactly the values a BF16 cache would hold.
+constexpr int kFp8Chunks = kWidth / 16;           // 16-byte chunks of an E4M3 row: 36
+constexpr int kFp8TileBytes = kKeys * kWidth;     // a staged tile, rows unpadded: 36,864
+
+// A tile's E4M3 rows into `stage` by kCopiers threads (t: this one's index among them): chunk i
+// of the tile (row i / 36) at byte 16 i; keys without a slot are zeros.
+template <int kCopiers>
+__device__ __forceinline__ void copy_fp8_tile(const MlaArgs& a, const int32_t* slots, uint32_t stage, int t) {
+  static_assert(kKeys * kFp8Chunks % kCopiers == 0, "equal copies per thread");
+  const uint8_t* cache = static_cast<const uint8_t*>(a.p.cache);
+#pragma unroll 3
+  for (int i = t; i < kKeys * kFp8Chunks; i += kCopiers) {
+    const int r = i / kFp8Chunks, c = i % kFp8Chunks, slot = slots[r];
+    cp_async_16(stage + uint32_t(16 * i), cache + (slot >= 0 ? int64_t(slot) * kWidth + 16 * c : 0), slot >= 0);
+  }
+}
+
+// The staged tile widened to BF16 by kThreads threads: chunk c of row r (values 16c .. 16c + 15)
+// becomes the tile's 16-byte BF16 units 2c and 2c + 1 of that row, at unit_addr(r, unit).
+template <int kThreads, class UnitAddr>
+__device__ __forceinline__ void widen_fp8_tile(const uint8_t* stage, UnitAddr unit_addr, int t) {
+  static_assert(kKeys * kFp8Chunks % kThreads == 0, "equal chunks per thread");
+#pragma unroll 3
+  for (int i = t; i < kKeys * kFp8Chunks; i += kThreads) {
+    const int r = i / kFp8Chunks, c = i % kFp8Chunks;
+    uint32_t v[8];
+    widen_e4m3x16(*reinterpret_cast<const uint4*>(stage + 16 * i), v);
+    st_shared_16(unit_addr(r, 2 * c), v[0], v[1], v[2], v[3]);
+    st_shared_16(unit_addr(r, 2 * c + 1), v[4], v[5], v[6], v[7]);
+  }
+}
+
+// The wgmma kernel (attention_mla_wgmma.cu): 64 rows a block, gridDim as for the tiled one;
+// a.p.fp8_cache picks its FP8 instance.
 constexpr int kWgmmaRows = 64;
 void launch_mla_wgmma(const KernelLaunch& launch, const MlaArgs& a, dim3 grid);
 // Whether every block of a wgmma grid of `blocks` fits the GPU at once in clusters of

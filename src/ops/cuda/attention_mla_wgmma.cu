@@ -16,6 +16,9 @@
 //     accumulate their half of the output dims, O += P V, V being the first 512 values of the
 //     same tile read as an MN-major operand (m64n256k16, 4 k-steps).
 // Two barriers a tile: the tile has landed (and the previous one is consumed), and P is ready.
+// An FP8 cache (the kernel's FP8 instance) keeps one BF16 tile, where stage 0 was, and two
+// staged E4M3 tiles in the room of stage 1: all 256 threads copy tile it + 1's bytes, widen
+// tile it's into the BF16 tile, and meet at a third barrier before the scores.
 // Splits leave (max, sum, unnormalized output) for the combine kernel, as the tiled kernel does,
 // or, when a row tile's 2, 4 or 8 splits run as one cluster (the plan's cluster_merge), put
 // them in their shared memory, and each block merges its share of the rows from all of them.
@@ -56,6 +59,9 @@ constexpr int kMergeStride = kRank + 4;
 constexpr int kMaxCluster = 8;
 static_assert(kRows * kMergeStride * 4 <= kStages * kTileBytes && kRows * 8 <= kRows * kKeys * 2,
               "the merge's buffers fit the stages and P");
+// An FP8 cache: the BF16 tile at stage 0, the two E4M3 stages after it.
+constexpr int kFp8StagingOffset = kStageOffset + kTileBytes;
+static_assert(kTileBytes + 2 * kFp8TileBytes <= kStages * kTileBytes, "the E4M3 stages fit stage 1's room");
 
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -160,7 +166,7 @@ __device__ __forceinline__ void copy_tile(const MlaArgs& a, const int32_t* slots
   for (int i = 0; i < copy.kPerThread; ++i) {
     const int slot = slots[copy.row(t, i)];
     copy.valid[i] = slot >= 0;
-    copy.latent[i] = a.p.cache + (copy.valid[i] ? int64_t(slot) * kWidth : 0);
+    copy.latent[i] = static_cast<const uint16_t*>(a.p.cache) + (copy.valid[i] ? int64_t(slot) * kWidth : 0);
     copy.rope[i] = copy.latent[i] + kRank;
   }
   copy.issue(t, tile);
@@ -177,6 +183,7 @@ __device__ __forceinline__ void find_slots(const MlaArgs& a, const Work& w, int 
   if (t % 32 == 0) has_key[t / 32] = bits;
 }
 
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a) {
   pdl_wait();
   pdl_launch_dependents();
@@ -185,6 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
   uint8_t* smem = smem_raw + (base - raw);
   const uint32_t q_smem = base, p_smem = base + kPOffset;
   const auto stage_smem = [&](int s) { return base + kStageOffset + uint32_t(s * kTileBytes); };
+  const auto fp8_stage = [&](int s) { return base + kFp8StagingOffset + uint32_t(s * kFp8TileBytes); };
   float* alpha_smem = reinterpret_cast<float*>(smem + kAlphaOffset);
   float* sum_smem = reinterpret_cast<float*>(smem + kSumOffset);
   const auto slots = [&](int s) { return reinterpret_cast<int32_t*>(smem + kSlotsOffset) + s * kKeys; };
@@ -218,20 +226,32 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaArgs a)
       }
       load_q(a, w, q_smem);
       __syncthreads();  // the slots of tiles 0 and 1
-      if (wg == 1) copy_tile(a, slots(0), stage_smem(0), tid - 128);
+      if constexpr (kFp8) copy_fp8_tile<kThreads>(a, slots(0), fp8_stage(0), tid);
+      else if (wg == 1) copy_tile(a, slots(0), stage_smem(0), tid - 128);
       cp_async_commit();  // Q and tile 0
     }
     for (int it = 0; it < n_tiles; ++it) {
       const int next = it + 1;
-      const uint32_t tile = stage_smem(it % kStages);
+      const uint32_t tile = stage_smem(kFp8 ? 0 : it % kStages);
       cp_async_wait<0>();
       wgmma::fence_proxy_async();
       // Tile it landed for every thread; both warpgroups are past tile it - 1's P V, so the
-      // other stage, P and the rescale factors are free.
+      // other stage (an FP8 cache: the BF16 tile and the other E4M3 stage), P and the rescale
+      // factors are free.
       __syncthreads();
-      // Warpgroup 1 copies tile it + 1 while warpgroup 0 scores tile it.
-      if (wg == 1 && next < n_tiles) copy_tile(a, slots(next % kSlotBuffers), stage_smem(next % kStages), tid - 128);
-      cp_async_commit();
+      if constexpr (kFp8) {
+        if (next < n_tiles) copy_fp8_tile<kThreads>(a, slots(next % kSlotBuffers), fp8_stage(next % 2), tid);
+        cp_async_commit();
+        widen_fp8_tile<kThreads>(
+            smem + (fp8_stage(it % 2) - base),
+            [&](int r, int unit) { return tile + uint32_t(unit / 8 * kAtomBytes) + wgmma::swizzled(r, unit % 8); }, tid);
+        wgmma::fence_proxy_async();  // the widened tile, for the MMAs' async proxy
+        __syncthreads();
+      } else {
+        // Warpgroup 1 copies tile it + 1 while warpgroup 0 scores tile it.
+        if (wg == 1 && next < n_tiles) copy_tile(a, slots(next % kSlotBuffers), stage_smem(next % kStages), tid - 128);
+        cp_async_commit();
+      }
 
       if (wg == 0) {
         float s[kKeys / 2];
@@ -355,7 +375,9 @@ namespace {
 // kernel its shared memory there (launch_kernel allows it at every launch, on any device).
 const std::array<int, kMaxCluster + 1>& max_clusters_of_gpu() {
   static const std::array<int, kMaxCluster + 1> max_clusters = [] {
-    TETRA_CUDA_CHECK(cudaFuncSetAttribute(mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    // Both instances take the same shared memory and threads, so the BF16 one answers for both.
+    TETRA_CUDA_CHECK(
+        cudaFuncSetAttribute(mla_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     std::array<int, kMaxCluster + 1> m{};
     for (int c = 2; c <= kMaxCluster; c *= 2) {
       cudaLaunchAttribute attr{};
@@ -367,7 +389,7 @@ const std::array<int, kMaxCluster + 1>& max_clusters_of_gpu() {
       config.dynamicSmemBytes = kSmemBytes;
       config.attrs = &attr;
       config.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&m[size_t(c)], mla_wgmma_kernel, &config) != cudaSuccess) {
+      if (cudaOccupancyMaxActiveClusters(&m[size_t(c)], mla_wgmma_kernel<false>, &config) != cudaSuccess) {
         cudaGetLastError();
         m[size_t(c)] = 0;
       }
@@ -384,7 +406,8 @@ bool mla_wgmma_clusters_fit(int cluster, int64_t blocks) {
 }
 
 void launch_mla_wgmma(const KernelLaunch& launch, const MlaArgs& a, dim3 grid) {
-  launch_kernel_in_clusters(launch, a.cluster_merge ? unsigned(a.n_splits) : 1u, mla_wgmma_kernel, grid, kThreads,
+  launch_kernel_in_clusters(launch, a.cluster_merge ? unsigned(a.n_splits) : 1u,
+                            a.p.fp8_cache ? mla_wgmma_kernel<true> : mla_wgmma_kernel<false>, grid, kThreads,
                             kSmemBytes, a);
   TETRA_CUDA_CHECK_LAUNCH("mla_attention wgmma");
 }

@@ -112,11 +112,6 @@ std::unique_ptr<Graph> capture_graph(cudaStream_t stream, const std::function<vo
   return out;
 }
 
-// What the MLA ops say to an FP8 cache (--kv-cache-dtype fp8_e4m3), before touching it.
-constexpr const char* kMlaBf16Cache =
-    "--kv-cache-dtype fp8_e4m3: the CUDA MLA and DSA kernels read a BF16 latent cache only so far (FP8 runs GQA "
-    "models on the GPU); use --kv-cache-dtype auto, or --device cpu";
-
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& o)
@@ -283,7 +278,6 @@ class CudaBackend final : public Backend {
   void mla_rope_cache_write(const Context& ctx, TensorView q, TensorView q_nope, TensorView q_rope, TensorView ckv,
                             TensorView kv_norm, float eps, const RopeSpec& rope_spec, const AttentionBatch& batch,
                             TensorView cache) override {
-    TETRA_CHECK(cache.dtype != DType::F8_E4M3, kMlaBf16Cache);
     check_device(q, "mla_rope_cache_write", "q");
     cuda::mla_rope_cache_write(kernel_launch(ctx), q, q_nope, q_rope, ckv, kv_norm, eps, batch.positions, rope_spec,
                                batch.slot_mapping, cache);
@@ -418,10 +412,10 @@ void CudaBackend::attention(const Context& ctx, TensorView q, const KvCacheLayer
 
 void CudaBackend::mla_attention(const Context& ctx, TensorView q_latent, TensorView q_rope, const KvCacheLayer& cache,
                                 const AttentionBatch& batch, float scale, TensorView selected, TensorView out) {
-  TETRA_CHECK(cache.k.dtype != DType::F8_E4M3, kMlaBf16Cache);
   TETRA_CHECK(q_latent.shape.rank == 3 && q_rope.shape.rank == 3 && cache.k.shape.rank == 4 && cache.k.dim(2) == 1,
               "mla_attention: q must be [T, heads, d] and the cache [blocks, block_size, 1, rank + rope]");
-  TETRA_CHECK(cache.k.dtype == DType::BF16, "mla_attention: CUDA MLA reads a BF16 latent cache");
+  TETRA_CHECK(cache.k.dtype == DType::BF16 || cache.k.dtype == DType::F8_E4M3,
+              "mla_attention: CUDA MLA reads a BF16 or F8_E4M3 latent cache, not ", dtype_name(cache.k.dtype));
   TETRA_CHECK(q_latent.dtype == DType::BF16 && q_rope.dtype == DType::BF16 && out.dtype == DType::BF16,
               "mla_attention: CUDA MLA reads BF16 queries");
   MlaAttentionParams p{};
@@ -443,7 +437,8 @@ void CudaBackend::mla_attention(const Context& ctx, TensorView q_latent, TensorV
   }
   p.q_latent = q_latent.as<const uint16_t>();
   p.q_rope = q_rope.as<const uint16_t>();
-  p.cache = cache.k.as<const uint16_t>();
+  p.cache = cache.k.data;
+  p.fp8_cache = cache.k.dtype == DType::F8_E4M3;
   p.out = out.as<uint16_t>();
   p.positions = batch.positions.as<const int32_t>();
   p.seq_starts = batch.seq_starts.as<const int32_t>();
@@ -461,10 +456,11 @@ void CudaBackend::mla_attention(const Context& ctx, TensorView q_latent, TensorV
 
 void CudaBackend::dsa_select(const Context& ctx, TensorView q, TensorView weights, const KvCacheLayer& cache,
                              const AttentionBatch& batch, float q_scale, float weight_scale, TensorView selected) {
-  TETRA_CHECK(cache.index_k.dtype != DType::F8_E4M3, kMlaBf16Cache);
   TETRA_CHECK(q.shape.rank == 3 && q.dtype == DType::BF16 && weights.dtype == DType::F32 &&
-                  cache.index_k.dtype == DType::BF16 && cache.index_k.shape.rank == 4 && cache.index_k.dim(2) == 1,
-              "dsa_select: BF16 queries [T, heads, d], F32 weights and a BF16 index-key cache [blocks, block_size, 1, d]");
+                  (cache.index_k.dtype == DType::BF16 || cache.index_k.dtype == DType::F8_E4M3) &&
+                  cache.index_k.shape.rank == 4 && cache.index_k.dim(2) == 1,
+              "dsa_select: BF16 queries [T, heads, d], F32 weights and a BF16 or F8_E4M3 index-key cache [blocks, "
+              "block_size, 1, d]");
   DsaSelectParams p{};
   p.n_tokens = batch.n_tokens;
   p.n_heads = int(q.dim(1));
@@ -477,7 +473,8 @@ void CudaBackend::dsa_select(const Context& ctx, TensorView q, TensorView weight
               "dsa_select: selected must be I32 [T, top_k], not ", selected.shape.str());
   p.q = q.as<const uint16_t>();
   p.weights = weights.as<const float>();
-  p.index_k = cache.index_k.as<const uint16_t>();
+  p.index_k = cache.index_k.data;
+  p.fp8_keys = cache.index_k.dtype == DType::F8_E4M3;
   p.selected = selected.as<int32_t>();
   p.top_k = int(selected.dim(1));
   p.positions = batch.positions.as<const int32_t>();

@@ -14,8 +14,7 @@ struct CudaBackendOptions {
   std::string moe_tune_cache;  // "": tunings kept in memory only
   bool moe_autotune = true;    // time the MoE tiles at warm-up (else the heuristic decides)
   bool pdl = true;             // programmatic dependent launch (Context::pdl) where the device has it
-  // The KV cache's element type: BF16, or F8_E4M3 (--kv-cache-dtype fp8_e4m3; GQA attention
-  // only so far: the MLA and DSA kernels refuse it with one sentence).
+  // The KV cache's element type: BF16, or F8_E4M3 (--kv-cache-dtype fp8_e4m3).
   DType kv_dtype = DType::BF16;
 };
 

@@ -4,7 +4,8 @@
 // mma.sync for the 32-heads-of-128 and 8-of-32 indexers, else a thread per key with the token's
 // queries in shared memory. Then a radix select on the scores' order-preserving bit patterns in
 // two stages: a block per slice of 16,384 keys keeps the slice's top_k, and a block per token
-// takes the top_k of those survivors, written in ascending position order.
+// takes the top_k of those survivors, written in ascending position order. E4M3 index keys (an
+// FP8 cache) are widened to BF16 as they are read, exactly.
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -40,9 +41,19 @@ struct DsaArgs {
   int32_t* survivor_count;
 };
 
+// Values 8 chunk .. 8 chunk + 7 of the index key in `slot`, as 8 BF16 values: E4M3 keys (an FP8
+// cache) widen exactly.
+template <bool kFp8>
+__device__ __forceinline__ uint4 index_key_chunk(const DsaSelectParams& p, int64_t slot, int chunk) {
+  const int64_t at = slot * p.dim + 8 * int64_t(chunk);
+  if constexpr (kFp8) return widen_e4m3x8(*reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.index_k) + at));
+  else return *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.index_k) + at);
+}
+
 // A thread per key: its index key in registers, 8 dims at a time, against every head's query
 // (shared memory; all threads read the same element, a broadcast). Sums in the CPU's order:
 // each head's dot over the dims in turn, then the heads in turn.
+template <bool kFp8>
 __global__ void __launch_bounds__(kScoreThreads) dsa_scores_kernel(const DsaArgs a) {
   pdl_wait();
   pdl_launch_dependents();
@@ -61,13 +72,12 @@ __global__ void __launch_bounds__(kScoreThreads) dsa_scores_kernel(const DsaArgs
   const int key = key0 + int(threadIdx.x);
   if (key >= n_keys) return;
   const int seq = sequence_of(p.seq_starts, p.n_seqs, token);
-  const uint16_t* k =
-      p.index_k + int64_t(cache_slot(p.block_tables, p.max_blocks_per_seq, p.block_size, seq, key)) * p.dim;
+  const int64_t slot = cache_slot(p.block_tables, p.max_blocks_per_seq, p.block_size, seq, key);
   float dot[kMaxIndexHeads];
 #pragma unroll
   for (int h = 0; h < kMaxIndexHeads; ++h) dot[h] = 0.0f;
   for (int d0 = 0; d0 < p.dim; d0 += 8) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(k + d0);
+    const uint4 raw = index_key_chunk<kFp8>(p, slot, d0 / 8);
     const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
     float kv[8];
 #pragma unroll
@@ -98,7 +108,7 @@ __global__ void __launch_bounds__(kScoreThreads) dsa_scores_kernel(const DsaArgs
 // pieces; a dot product does not care in which order its dims come. Each thread then sums its
 // 2 heads of every n-tile, relu'd and weighted, and the quad adds its 4 partial sums: a sum in
 // another order than the CPU's, so scores differ from it by f32 roundings.
-template <int kNTiles, int kKSteps>
+template <int kNTiles, int kKSteps, bool kFp8>
 __global__ void __launch_bounds__(128) dsa_scores_mma_kernel(const DsaArgs a) {
   pdl_wait();
   pdl_launch_dependents();
@@ -135,11 +145,9 @@ __global__ void __launch_bounds__(128) dsa_scores_mma_kernel(const DsaArgs a) {
     for (int r = 0; r < 2; ++r) {
       const int key = base + g + 8 * r;
       const bool valid = key < n_keys;
-      const uint4* k = reinterpret_cast<const uint4*>(
-          p.index_k +
-          (valid ? int64_t(cache_slot(p.block_tables, p.max_blocks_per_seq, p.block_size, seq, key)) * p.dim : 0));
+      const int64_t slot = valid ? cache_slot(p.block_tables, p.max_blocks_per_seq, p.block_size, seq, key) : 0;
 #pragma unroll
-      for (int j = 0; j < kChunks; ++j) kv[r][j] = valid ? k[t4 + 4 * j] : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < kChunks; ++j) kv[r][j] = valid ? index_key_chunk<kFp8>(p, slot, t4 + 4 * j) : make_uint4(0, 0, 0, 0);
     }
     float d[kNTiles][4];
 #pragma unroll
@@ -402,7 +410,7 @@ void dsa_select(const KernelLaunch& launch, const DsaSelectParams& p, void* work
   TETRA_CHECK(p.n_heads >= 1 && p.n_heads <= kMaxIndexHeads, "dsa_select: ", p.n_heads,
               " index heads; the CUDA kernel takes 1..", kMaxIndexHeads);
   TETRA_CHECK(p.dim >= 8 && p.dim % 8 == 0 && aligned16(p.index_k),
-              "dsa_select: index keys of ", p.dim, " values must be whole 16-byte rows");
+              "dsa_select: index keys of ", p.dim, " values must be whole rows of 8-value chunks");
   TETRA_CHECK(p.top_k >= 1 && p.top_k <= kSliceKeys && p.n_seqs >= 1 && p.block_size >= 1 &&
                   p.max_blocks_per_seq >= 1,
               "dsa_select: top_k ", p.top_k, " (at most ", kSliceKeys, "), ", p.n_seqs, " sequences");
@@ -425,8 +433,10 @@ void dsa_select(const KernelLaunch& launch, const DsaSelectParams& p, void* work
   // The tensor-core scores for GLM-5's indexer (32 heads of 128 dims) and the small fixtures'
   // indexers (8 heads of 32); a thread a key on the CUDA cores otherwise.
   void (*scores_mma)(DsaArgs) = nullptr;
-  if (aligned16(p.q) && p.n_heads > 24 && p.n_heads <= 32 && p.dim == 128) scores_mma = dsa_scores_mma_kernel<4, 8>;
-  if (aligned16(p.q) && p.n_heads <= 8 && p.dim == 32) scores_mma = dsa_scores_mma_kernel<1, 2>;
+  if (aligned16(p.q) && p.n_heads > 24 && p.n_heads <= 32 && p.dim == 128)
+    scores_mma = p.fp8_keys ? dsa_scores_mma_kernel<4, 8, true> : dsa_scores_mma_kernel<4, 8, false>;
+  if (aligned16(p.q) && p.n_heads <= 8 && p.dim == 32)
+    scores_mma = p.fp8_keys ? dsa_scores_mma_kernel<1, 2, true> : dsa_scores_mma_kernel<1, 2, false>;
   for (int t0 = 0; t0 < p.n_tokens; t0 += l.group) {
     const int n = std::min(l.group, p.n_tokens - t0);
     a.token0 = t0;
@@ -434,7 +444,8 @@ void dsa_select(const KernelLaunch& launch, const DsaSelectParams& p, void* work
     if (scores_mma) {
       launch_kernel(launch, scores_mma, grid, 128, 0, a);
     } else {
-      launch_kernel(launch, dsa_scores_kernel, grid, kScoreThreads, smem, a);
+      launch_kernel(launch, p.fp8_keys ? dsa_scores_kernel<true> : dsa_scores_kernel<false>, grid, kScoreThreads,
+                    smem, a);
     }
     TETRA_CUDA_CHECK_LAUNCH("dsa_select scores");
     launch_kernel(launch, dsa_slice_top_k_kernel, dim3(unsigned(l.n_slices), unsigned(n)), kSelectThreads, 0, a);

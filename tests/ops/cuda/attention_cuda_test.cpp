@@ -646,26 +646,29 @@ TEST(AttentionCudaTiming, Prefill8192) {
   time_case(d64, true);
 }
 
-// --kv-cache-dtype fp8_e4m3: the CUDA backend keeps an E4M3 cache for GQA attention; its MLA
-// and DSA ops refuse one in one sentence before touching it.
-TEST(AttentionCudaKvDtype, Fp8CacheRunsGqaAndTheMlaOpsRefuseIt) {
+// --kv-cache-dtype fp8_e4m3: the CUDA backend keeps an E4M3 cache (BackendParityFp8Kv holds its
+// MLA and DSA kernels to the CPU's); a latent or index-key cache of another dtype is refused in
+// one sentence before any launch.
+TEST(AttentionCudaKvDtype, Fp8CacheIsTheKvDtypeAndOtherLatentDtypesAreRefused) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   auto b = make_backend({.device = "cuda", .kv_cache_dtype = DType::F8_E4M3});
   EXPECT_EQ(b->kv_dtype(), DType::F8_E4M3);
-  auto latent = b->alloc(DType::F8_E4M3, {4, 16, 1, 576});
+  auto latent = b->alloc(DType::F32, {4, 16, 1, 576});
+  auto q_latent = b->alloc(DType::BF16, {1, 4, 512}), q_rope = b->alloc(DType::BF16, {1, 4, 64});
+  auto index_q = b->alloc(DType::BF16, {1, 4, 576}), weights = b->alloc(DType::F32, {1, 4});
   const KvCacheLayer layer{latent->view(), {}, latent->view()};
-  const auto expect_refusal = [](const std::function<void()>& op, const char* name) {
+  const auto expect_refusal = [](const std::function<void()>& op, const char* name, const char* says) {
     try {
       op();
-      ADD_FAILURE() << name << " took an FP8 latent cache";
+      ADD_FAILURE() << name << " took an F32 latent cache";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("read a BF16 latent cache only so far"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     }
   };
-  expect_refusal([&] { b->mla_attention(b->context(), {}, {}, layer, {}, 1.0f, {}, {}); }, "mla_attention");
-  expect_refusal([&] { b->dsa_select(b->context(), {}, {}, layer, {}, 1.0f, 1.0f, {}); }, "dsa_select");
-  expect_refusal([&] { b->mla_rope_cache_write(b->context(), {}, {}, {}, {}, {}, 1e-6f, {}, {}, latent->view()); },
-                 "mla_rope_cache_write");
+  expect_refusal([&] { b->mla_attention(b->context(), q_latent->view(), q_rope->view(), layer, {}, 1.0f, {}, {}); },
+                 "mla_attention", "a BF16 or F8_E4M3 latent cache, not F32");
+  expect_refusal([&] { b->dsa_select(b->context(), index_q->view(), weights->view(), layer, {}, 1.0f, 1.0f, {}); },
+                 "dsa_select", "a BF16 or F8_E4M3 index-key cache");
 }
 
 }  // namespace
