@@ -1,11 +1,18 @@
 // The grouped expert GEMMs of the MoE layer for many tokens per expert (sm_90a, wgmma).
 //
 // Prefill gives every expert tens to hundreds of tokens, so the weights are reused and the
-// tensor cores set the pace. A block is two warpgroups; each owns 64 weight rows (wgmma's M)
-// and the block's work item gives the tokens (wgmma's N: 64, 128, 192 or 256). NVFP4 weights are
-// decoded in registers straight into wgmma's A fragments (A may come from registers on
-// Hopper, B may not); the activations go to shared memory with cp.async, 128-byte swizzled
-// as wgmma's K-major B wants them, through a ring of kStages K-chunks.
+// tensor cores set the pace. A block is three warpgroups, split by role (as FlashAttention-3
+// and CUTLASS's warp-specialized mainloops are):
+// - two consumer warpgroups each own 64 weight rows (wgmma's M) of the block's work item,
+//   whose tokens are wgmma's N (64, 128, 192 or 256). NVFP4 weights are decoded from shared
+//   memory straight into wgmma's A fragments (A may come from registers on Hopper, B may
+//   not), a chunk ahead, while the tensor cores run the chunk before (wgmma wait_group 1);
+// - the producer warpgroup copies each K-chunk (128 values) of the activations, 128-byte
+//   swizzled as wgmma's K-major B wants them, and of the consumers' weight blocks into a ring
+//   of kStages stages with cp.async, and hands a stage over through an mbarrier once its bytes
+//   have landed; the consumers give it back through another once its MMAs are done. No
+//   block-wide barrier in the main loop, and the consumers issue no copies.
+// setmaxnreg moves registers from the producer (40) to the consumers (232).
 //
 // Fragment order: wgmma reads B in natural K order, so A must be natural too. Lane (g, t)
 // of k-step j (16 values of K) needs values 2t, 2t+1 (a0, a1) and 2t+8, 2t+9 (a2, a3), which
@@ -13,13 +20,15 @@
 // (the 4 lanes of a row load the same addresses, one request) and decodes its own pair with
 // the two rotations nvfp4_pair_decode(t) gives it (nvfp4_word.h).
 // k-step j is exactly block-scale group j of the chunk, so each row needs all 8 of its scales.
-// The weights are in the blocks of nvfp4_tile.h: a row's chunk is 64 contiguous bytes, and the
-// next chunk's 1,024 further; its 8 scales sit in one 16-byte piece, in 2-byte pairs that
-// alternate with those of the row 8 apart.
+// The weights are in the blocks of nvfp4_tile.h: a consumer warp's 16 rows are one block, a
+// chunk of it 1,024 contiguous bytes of codes (row r's 64 at 64 r) and 128 of scales (rows r
+// and r + 8's 16 at 16 r); the stage keeps them so, with row r's 16-byte units rotated by
+// (r / 2) % 4, so that the 8 rows a warp's load reads at once fall in distinct banks.
 #include <cuda_bf16.h>
 
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/mbarrier.cuh"
 #include "ops/cuda/moe_internal.h"
 #include "ops/cuda/nvfp4_tile.h"
 #include "ops/cuda/sm90_nvfp4_decode.cuh"
@@ -28,89 +37,175 @@
 namespace tetra::ops::cuda {
 namespace {
 
-constexpr int kWgs = 2;                 // warpgroups per block
-constexpr int kThreads = kWgs * 128;
+constexpr int kWgs = 2;                       // consumer warpgroups per block
+constexpr int kConsumerThreads = kWgs * 128;  // threads 0..255; the producer warpgroup follows
+constexpr int kThreads = kConsumerThreads + 128;
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+// The block's pool is what the launch bounds give every thread (64K registers over kThreads, in
+// 8s); setmaxnreg.inc past it would wait forever.
+static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
+                  (64 * 1024 / kThreads) / 8 * 8 * kThreads,
+              "setmaxnreg moves registers within the block's pool");
 constexpr int kRowBytes = kMoeChunkK * 2;  // one token's BF16 activations of one chunk
-static_assert(kMoeChunkK == 128, "a chunk is two 64-value swizzle rows");
+static_assert(kMoeChunkK == 128 && kMoeChunkK == kNvfp4TileK, "a chunk is two 64-value swizzle rows, one tile block");
+// A consumer warp's weights of one chunk in a stage: its block's codes, then its scales.
+constexpr int kWarpABytes = kNvfp4TileCodeBytes + kNvfp4TileScaleBytes;  // 1,152
+constexpr int kABytes = (kConsumerThreads / 32) * kWarpABytes;          // 9,216
 
 template <int kN>
 struct TileShape {
-  static constexpr int kStages = kN == 256 ? 3 : kN == 192 ? 4 : kN == 128 ? 5 : 8;  // K-chunks in flight
-  static constexpr int kStageBytes = kN * kRowBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack
+  static constexpr int kStages = kN == 256 || kN == 192 ? 3 : kN == 128 ? 5 : 8;  // K-chunks in flight
+  static constexpr int kBBytes = kN * kRowBytes;
+  static constexpr int kStageBytes = kBBytes + kABytes;  // B first: its atoms stay 1,024-aligned
+  static constexpr int kBarOffset = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + the barriers, alignment slack
   static constexpr int kAcc = kN / 2;  // f32 accumulators per thread (64 rows x kN / 128)
+  // The producer hands chunk c over once chunk c + kLag is issued; it may wait to refill the
+  // stage of chunk c + kLag + 1 only for chunks already handed over (kLag < kStages).
+  static constexpr int kLag = kStages - 2;
+  static_assert(kStageBytes % 1024 == 0 && kSmemBytes <= 227 * 1024, "stages fit, B atoms aligned");
 };
 
 // ---- PTX wrappers ----
 
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   // src-size 0 writes zeros: the empty token slots of a partial tile.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
-
-// ---- operands ----
-
-// A lane's weights of one chunk: the 64 bytes of rows g and g+8 and their scales' piece
-// (word p: pair p of row g in its low half, of row g + 8 in its high half).
-struct AChunk {
-  uint4 w[2][4];
-  uint4 s;
-};
-
-struct ARows {
-  const uint8_t* w[2];  // rows g and g+8 of the lane's warp (of one block), chunk 0
-  const uint8_t* s;     // their scale piece, chunk 0
-};
-
-__device__ __forceinline__ void load_a(AChunk& a, const ARows& rows, int chunk) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint4* w = reinterpret_cast<const uint4*>(rows.w[r] + chunk * kNvfp4TileCodeBytes);
-#pragma unroll
-    for (int v = 0; v < 4; ++v) a.w[r][v] = __ldg(w + v);
-  }
-  a.s = __ldg(reinterpret_cast<const uint4*>(rows.s + chunk * kNvfp4TileScaleBytes));
+__device__ __forceinline__ uint4 lds_16(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+// A warpgroup's register count from here on (all its warps execute it).
+template <int kCount, bool kIncrease>
+__device__ __forceinline__ void set_max_registers() {
+  if constexpr (kIncrease) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kCount));
+  else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kCount));
 }
 
-// The chunk's 8 k-steps of A fragments for this lane (pair = nvfp4_pair_decode(t)).
-__device__ __forceinline__ void decode_a(const AChunk& a, const Nvfp4PairDecode& pair, uint32_t (&frag)[8][4]) {
+// Where 16-byte unit u (0..3) of row r (0..15) of a warp's codes sits in its stage block.
+__device__ __forceinline__ uint32_t a_code_unit(int r, int u) { return uint32_t(64 * r + 16 * (u ^ ((r >> 1) & 3))); }
+
+// ---- the producer warpgroup ----
+
+struct Ring {
+  uint32_t base;  // 1,024-aligned
+  template <int kN>
+  __device__ uint32_t b(int stage) const { return base + uint32_t(stage * TileShape<kN>::kStageBytes); }
+  template <int kN>
+  __device__ uint32_t a(int stage) const { return b<kN>(stage) + TileShape<kN>::kBBytes; }
+  template <int kN>
+  __device__ uint32_t full(int stage) const { return base + TileShape<kN>::kBarOffset + 8 * stage; }
+  template <int kN>
+  __device__ uint32_t empty(int stage) const { return full<kN>(TileShape<kN>::kStages + stage); }
+};
+
+// The consumer warps' weight blocks: warp w's is tile (blockIdx.x * 8 + w) of rows, gate/up
+// interleaved by 8 (its lanes' rows g and g + 8 are one column's gate and up) or down's 16
+// consecutive rows; the tiles of a row block follow each other, chunk after chunk.
+struct ABlocks {
+  const uint8_t* codes;   // warp 0's, chunk 0
+  const uint8_t* scales;
+  int64_t code_stride, scale_stride;  // from one warp's block to the next
+};
+
+// One chunk of a stage, by producer thread t: the activations of the item's kN token slots
+// (row r of the tile is token slot r, its 128 values two 128-byte swizzle rows (K-atoms) kN *
+// 128 bytes apart, 16-byte unit c of a swizzle row at unit c ^ (r % 8)), then each consumer
+// warp's weight block.
+template <int kN>
+__device__ __forceinline__ void load_stage(uint32_t b_stage, uint32_t a_stage, const uint16_t* const* rows,
+                                           const uint16_t* any, const ABlocks& a, int chunk, int t) {
+  constexpr int kBUnits = kN * kRowBytes / 16;
+  static_assert(kBUnits % 128 == 0, "every producer thread copies the same number of B units");
+#pragma unroll 4
+  for (int i = 0; i < kBUnits / 128; ++i) {
+    const int q = t + i * 128;
+    const int r = q >> 4, u = q & 15, atom = u >> 3, c = u & 7;
+    const uint16_t* src = rows[r];
+    const uint32_t dst = b_stage + atom * (kN * 128) + r * 128 + ((c ^ (r & 7)) << 4);
+    cp_async_16(dst, src ? src + chunk * kMoeChunkK + u * 8 : any, src != nullptr);
+  }
+  constexpr int kWarpUnits = kWarpABytes / 16;  // 64 of codes, 8 of scales
+  for (int q = t; q < (kConsumerThreads / 32) * kWarpUnits; q += 128) {
+    const int w = q / kWarpUnits, j = q % kWarpUnits;
+    const uint32_t dst = a_stage + uint32_t(w * kWarpABytes);
+    if (j < 64) {
+      cp_async_16(dst + a_code_unit(j / 4, j % 4), a.codes + w * a.code_stride + chunk * kNvfp4TileCodeBytes + 16 * j,
+                  true);
+    } else {
+      cp_async_16(dst + kNvfp4TileCodeBytes + 16 * (j - 64),
+                  a.scales + w * a.scale_stride + chunk * kNvfp4TileScaleBytes + 16 * (j - 64), true);
+    }
+  }
+}
+
+// Chunk `chunk`'s copies (this thread's, and through __syncwarp the warp's) have landed: made
+// visible to the tensor cores' reads and handed to the consumers, one arrival a warp.
+template <int kN>
+__device__ __forceinline__ void hand_over(const Ring& ring, int chunk, int lane) {
+  wgmma::fence_proxy_async();
+  __syncwarp();
+  if (lane == 0) mbarrier::arrive(ring.full<kN>(chunk % TileShape<kN>::kStages));
+}
+
+template <int kN>
+__device__ __forceinline__ void produce(const MoeGemmParams& p, const MoeWorkItem& item, const Ring& ring,
+                                        const uint16_t* const* brows, int n_chunks, int t) {
+  using S = TileShape<kN>;
+  const int lane = t & 31;
+  const int64_t block = nvfp4_tile_block(int64_t(blockIdx.x) * (kConsumerThreads / 32) * kNvfp4TileRows, 0, p.k);
+  const int64_t blocks_per_tile = nvfp4_tile_block(kNvfp4TileRows, 0, p.k);  // a row tile's chunks
+  const ABlocks a{p.w + item.expert * p.w_expert_bytes + block * kNvfp4TileCodeBytes,
+                  p.w_scale + item.expert * p.s_expert_bytes + block * kNvfp4TileScaleBytes,
+                  blocks_per_tile * kNvfp4TileCodeBytes, blocks_per_tile * kNvfp4TileScaleBytes};
+  for (int c = 0; c < n_chunks; ++c) {
+    const int stage = c % S::kStages;
+    if (c >= S::kStages) mbarrier::wait(ring.empty<kN>(stage), uint32_t((c / S::kStages - 1) & 1));
+    load_stage<kN>(ring.b<kN>(stage), ring.a<kN>(stage), brows, p.b, a, c, t);
+    cp_async_commit();
+    if (c >= S::kLag) {
+      cp_async_wait<S::kLag>();
+      hand_over<kN>(ring, c - S::kLag, lane);
+    }
+  }
+  cp_async_wait<0>();
+  for (int c = max(0, n_chunks - S::kLag); c < n_chunks; ++c) hand_over<kN>(ring, c, lane);
+}
+
+// ---- the consumer warpgroups ----
+
+// The chunk's 8 k-steps of A fragments for lane (g, t) of consumer warp w (pair =
+// nvfp4_pair_decode(t)), from the stage: rows g and g + 8, one 16-byte unit of each at a time.
+__device__ __forceinline__ void decode_a(uint32_t a_stage, int w, int g, const Nvfp4PairDecode& pair,
+                                         uint32_t (&frag)[8][4]) {
+  const uint32_t block = a_stage + uint32_t(w * kWarpABytes);
+  const uint4 s = lds_16(block + kNvfp4TileCodeBytes + 16 * g);
   uint32_t sc[2][8];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int p = 0; p < 4; ++p) scale_pair_to_bf16x2(word(a.s, p) >> (16 * r), sc[r][2 * p], sc[r][2 * p + 1]);
+    for (int p = 0; p < 4; ++p) scale_pair_to_bf16x2(word(s, p) >> (16 * r), sc[r][2 * p], sc[r][2 * p + 1]);
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
+  for (int v = 0; v < 4; ++v) {  // unit v of a row holds k-steps 2v and 2v + 1
+    const uint4 row[2] = {lds_16(block + a_code_unit(g, v)), lds_16(block + a_code_unit(g + 8, v))};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint4& v = a.w[r][j >> 1];
-      const uint32_t lo = word(v, 2 * (j & 1)), hi = word(v, 2 * (j & 1) + 1);
-      frag[j][r] = bf16x2_mul(nvfp4_pair_raw(lo, pair), sc[r][j]);      // k 2t, 2t+1
-      frag[j][2 + r] = bf16x2_mul(nvfp4_pair_raw(hi, pair), sc[r][j]);  // k 2t+8, 2t+9
+    for (int h = 0; h < 2; ++h) {
+      const int j = 2 * v + h;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t lo = word(row[r], 2 * h), hi = word(row[r], 2 * h + 1);
+        frag[j][r] = bf16x2_mul(nvfp4_pair_raw(lo, pair), sc[r][j]);      // k 2t, 2t+1
+        frag[j][2 + r] = bf16x2_mul(nvfp4_pair_raw(hi, pair), sc[r][j]);  // k 2t+8, 2t+9
+      }
     }
-}
-
-// Copies the activations of one chunk for the item's kN token slots into a stage: row r of
-// the tile is token slot r, its 128 values are two 128-byte swizzle rows (K-atoms) kN * 128
-// bytes apart, and 16-byte unit c of a swizzle row sits at unit c ^ (r % 8).
-template <int kN>
-__device__ __forceinline__ void load_b(uint32_t stage, const uint16_t* const* rows,
-                                       const uint16_t* any, int chunk) {
-  constexpr int kUnits = kN * kRowBytes / 16;
-  static_assert(kUnits % kThreads == 0, "every thread copies the same number of units");
-#pragma unroll
-  for (int i = 0; i < kUnits / kThreads; ++i) {
-    const int q = int(threadIdx.x) + i * kThreads;
-    const int r = q >> 4, u = q & 15, atom = u >> 3, c = u & 7;
-    const uint16_t* src = rows[r];
-    const uint32_t dst = stage + atom * (kN * 128) + r * 128 + ((c ^ (r & 7)) << 4);
-    cp_async_16(dst, src ? src + chunk * kMoeChunkK + u * 8 : any, src != nullptr);
   }
 }
 
@@ -128,57 +223,52 @@ __device__ __forceinline__ void mma_issue(float (&acc)[TileShape<kN>::kAcc], con
   wgmma::commit();
 }
 
-// acc[64 rows x kN tokens] of this warpgroup over the whole K. Rows g and g+8 of each warp
-// are given by `arows`. A chunk's fragments are decoded while the previous chunk's MMAs run
-// (two fragment sets, alternating), and its weights are loaded two chunks ahead. The wgmma
-// group is retired before the next barrier, so ptxas sees no register written under an
-// outstanding group that reads it (else it serializes the wgmmas, warning C7513).
+// The stage of chunk `chunk` is done with (its MMAs have completed): one arrival a warp.
 template <int kN>
-__device__ __forceinline__ void gemm_block(const ARows& arows, const uint16_t* const* brows,
-                                           const uint16_t* any, int n_chunks, uint32_t smem,
-                                           float (&acc)[TileShape<kN>::kAcc]) {
+__device__ __forceinline__ void give_back(const Ring& ring, int chunk, int lane) {
+  __syncwarp();
+  if (lane == 0) mbarrier::arrive(ring.empty<kN>(chunk % TileShape<kN>::kStages));
+}
+
+// acc[64 rows x kN tokens] of this warpgroup over the whole K. Chunk c + 1's fragments are
+// decoded while chunk c's MMAs run, into the set chunk c - 1's MMAs (now retired) read: two
+// sets, alternating, so ptxas sees no register written under an outstanding group that reads
+// it (else it serializes the wgmmas, warning C7513).
+template <int kN>
+__device__ __forceinline__ void consume(const Ring& ring, int n_chunks, int w, int lane,
+                                        float (&acc)[TileShape<kN>::kAcc]) {
   using S = TileShape<kN>;
 #pragma unroll
   for (int i = 0; i < S::kAcc; ++i) acc[i] = 0.0f;
-  const Nvfp4PairDecode pair = nvfp4_pair_decode(threadIdx.x & 3);
-  // Prefetch distance kStages - 1: the slot refilled at chunk c held chunk c - 1, whose MMAs
-  // every warpgroup has finished before the barrier.
-#pragma unroll
-  for (int s = 0; s < S::kStages - 1; ++s) {
-    if (s < n_chunks) load_b<kN>(smem + s * S::kStageBytes, brows, any, s);
-    cp_async_commit();
-  }
-  AChunk next;
+  const int g = lane >> 2;
+  const Nvfp4PairDecode pair = nvfp4_pair_decode(lane & 3);
   uint32_t frag[2][8][4];
-  load_a(next, arows, 0);
-  decode_a(next, pair, frag[0]);
-  if (n_chunks > 1) load_a(next, arows, 1);
+  mbarrier::wait(ring.full<kN>(0), 0);
+  decode_a(ring.a<kN>(0), w, g, pair, frag[0]);
   for (int c = 0; c < n_chunks; c += 2) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // unrolled so that frag[half] is a fixed register set
       const int cc = c + half;
       if (cc >= n_chunks) break;
-      cp_async_wait<S::kStages - 2>();
-      wgmma::fence_proxy_async();  // cp.async -> wgmma reads
-      __syncthreads();
-      const int pre = cc + S::kStages - 1;
-      if (pre < n_chunks) load_b<kN>(smem + (pre % S::kStages) * S::kStageBytes, brows, any, pre);
-      cp_async_commit();
-      mma_issue<kN>(acc, frag[half], smem + (cc % S::kStages) * S::kStageBytes);
-      if (cc + 1 < n_chunks) {
-        decode_a(next, pair, frag[half ^ 1]);
-        if (cc + 2 < n_chunks) load_a(next, arows, cc + 2);
+      mma_issue<kN>(acc, frag[half], ring.b<kN>(cc % S::kStages));
+      wgmma::wait<1>();  // chunk cc - 1's MMAs
+      if (cc > 0) give_back<kN>(ring, cc - 1, lane);
+      const int next = cc + 1;
+      if (next < n_chunks) {
+        mbarrier::wait(ring.full<kN>(next % S::kStages), uint32_t((next / S::kStages) & 1));
+        decode_a(ring.a<kN>(next % S::kStages), w, g, pair, frag[half ^ 1]);
       }
-      wgmma::wait<0>();
-      wgmma::fence_acc(acc);
     }
   }
+  wgmma::wait<0>();
+  wgmma::fence_acc(acc);
+  give_back<kN>(ring, n_chunks - 1, lane);
 }
 
-// The shared prologue: the item, this thread's warpgroup row base and the token row table.
+// The shared prologue: the item, the token row table, the ring and its barriers.
 template <int kN>
-__device__ __forceinline__ bool setup_block(const MoeGemmParams& p, MoeWorkItem& item,
-                                            const uint16_t** brows, uint32_t& smem) {
+__device__ __forceinline__ bool setup_block(const MoeGemmParams& p, MoeWorkItem& item, const uint16_t** brows,
+                                            Ring& ring) {
   if (int(blockIdx.y) >= *p.n_items) return false;  // the whole block leaves together
   item = p.items[blockIdx.y];
   for (int r = threadIdx.x; r < kN; r += kThreads) {
@@ -191,41 +281,45 @@ __device__ __forceinline__ bool setup_block(const MoeGemmParams& p, MoeWorkItem&
     brows[r] = src;
   }
   extern __shared__ uint8_t dsmem[];
-  smem = (static_cast<uint32_t>(__cvta_generic_to_shared(dsmem)) + 1023u) & ~1023u;
-  __syncthreads();
+  ring.base = (static_cast<uint32_t>(__cvta_generic_to_shared(dsmem)) + 1023u) & ~1023u;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < TileShape<kN>::kStages; ++s) {
+      mbarrier::init(ring.full<kN>(s), 4);                         // each producer warp
+      mbarrier::init(ring.empty<kN>(s), kConsumerThreads / 32);   // each consumer warp
+    }
+    mbarrier::fence_init();
+  }
+  __syncthreads();  // the row table and the barriers
   return true;
 }
 
-// row_g: the lane's row g, in rows 0..7 of its block (row g + 8 is the same block's).
-__device__ __forceinline__ ARows a_rows(const MoeGemmParams& p, int expert, int row_g) {
-  const uint8_t* w = p.w + expert * p.w_expert_bytes + nvfp4_tiled_code_offset(row_g, 0, p.k);
-  const uint8_t* s = p.w_scale + expert * p.s_expert_bytes +
-                     nvfp4_tile_block(row_g, 0, p.k) * kNvfp4TileScaleBytes + nvfp4_row_scales_offset(row_g);
-  return ARows{{w, w + kNvfp4TileHalfBytes}, s};
-}
-
-// One work item's GEMM for 64 rows per warpgroup. Gate/up (kGateUp): h = silu(x W_gate^T) *
-// (x W_up^T); warp w of warpgroup wg owns h columns n0 + 8w .. n0 + 8w + 7, one tile of the
-// interleaved gate/up matrix: its fragment row g is the gate row of column n0 + 8w + g and
-// row g + 8 the up row of the same column, so SiLU x up meets in one thread. Down: y =
-// h W_down^T; warp w owns output columns n0 + 16w .. n0 + 16w + 15. Either way a lane's two
-// rows are one block's rows g and g + 8, whose scales share one piece.
+// One work item's GEMM for 64 rows per consumer warpgroup. Gate/up (kGateUp): h = silu(x
+// W_gate^T) * (x W_up^T); warp w of warpgroup wg owns h columns n0 + 8w .. n0 + 8w + 7, one
+// tile of the interleaved gate/up matrix: its fragment row g is the gate row of column n0 + 8w
+// + g and row g + 8 the up row of the same column, so SiLU x up meets in one thread. Down: y =
+// h W_down^T; warp w owns output columns n0 + 16w .. n0 + 16w + 15. Either way a warp's rows
+// are one block of nvfp4_tile.h, tile blockIdx.x * 8 + (its consumer warp).
 template <int kN, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_kernel(MoeGemmParams p) {
   __shared__ const uint16_t* brows[kN];
   MoeWorkItem item;
-  uint32_t smem;
+  Ring ring;
   pdl_wait();
   pdl_launch_dependents();
-  if (!setup_block<kN>(p, item, brows, smem)) return;
+  if (!setup_block<kN>(p, item, brows, ring)) return;
+  const int n_chunks = p.k / kMoeChunkK;
+  if (threadIdx.x >= kConsumerThreads) {
+    set_max_registers<kProducerRegisters, false>();
+    produce<kN>(p, item, ring, brows, n_chunks, int(threadIdx.x) - kConsumerThreads);
+    return;
+  }
+  set_max_registers<kConsumerRegisters, true>();
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int col = kGateUp ? (blockIdx.x * kWgs + wg) * 32 + 8 * warp + g
                           : (blockIdx.x * kWgs + wg) * 64 + 16 * warp + g;
-  const int row_g = kGateUp ? int(nvfp4_gate_up_row(col, false)) : col;
-  const ARows arows = a_rows(p, item.expert, row_g);
   float acc[TileShape<kN>::kAcc];
-  gemm_block<kN>(arows, brows, p.b, p.k / kMoeChunkK, smem, acc);
+  consume<kN>(ring, n_chunks, 4 * wg + warp, lane, acc);
 
   // 256: the 2^-8 the decode leaves in the weights.
   const float* gs = p.global_scale + item.expert * 3;
