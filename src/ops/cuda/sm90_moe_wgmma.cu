@@ -60,9 +60,13 @@ struct TileShape {
   static constexpr int kBarOffset = kStages * kStageBytes;
   static constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;  // + the barriers, alignment slack
   static constexpr int kAcc = kN / 2;  // f32 accumulators per thread (64 rows x kN / 128)
-  // The producer hands chunk c over once chunk c + kLag is issued; it may wait to refill the
-  // stage of chunk c + kLag + 1 only for chunks already handed over (kLag < kStages).
-  static constexpr int kLag = kStages - 2;
+  // The producer hands chunk c over once chunk c + kLag is issued, so kLag + 1 chunks are in
+  // flight. Issuing chunk c + kLag waits for the consumers to give back chunk c + kLag - kStages,
+  // which they do before they wait for chunk c - (kStages - 2 - kLag): kLag <= kStages - 2 keeps
+  // the two from waiting on each other, and each chunk of margin below it keeps the producer's
+  // wake-up, copies and hand-over off the consumers' path.
+  static constexpr int kLag = kStages / 2;
+  static_assert(kLag >= 1 && kLag <= kStages - 2, "chunks in flight, and no deadlock");
   static_assert(kStageBytes % 1024 == 0 && kSmemBytes <= 227 * 1024, "stages fit, B atoms aligned");
 };
 
@@ -363,6 +367,9 @@ void launch_wgmma(const KernelLaunch& launch, const CudaMoeExperts& ex, const ui
   TETRA_CHECK(ex.format == WeightFormat::Nvfp4, "moe: the wgmma path (tile_tokens ", tile_tokens,
               ") is for NVFP4 weights");
   MoeGemmParams p = moe_gemm_params(ex, s, gate_up);
+  // The consumers wait for chunk 0: a K of no whole chunk would leave them waiting.
+  TETRA_CHECK(p.k >= kMoeChunkK && p.k % kMoeChunkK == 0, "moe: the wgmma path takes K in whole chunks of ",
+              kMoeChunkK, ", not ", p.k);
   p.b = b;
   p.b_rows = b_rows;
   if (tile_tokens == 64)
