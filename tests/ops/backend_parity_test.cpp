@@ -766,8 +766,10 @@ TEST_F(BackendParity, MlaAttentionDecodePrefillAndSelected) {
 // cluster merge, selected keys) stages and widens its bytes, held to the BF16 tolerance of
 // reading the same values, which both backends must have written.
 TEST_F(BackendParityFp8Kv, MlaAttentionDecodePrefillAndSelected) {
-  std::vector<SeqSpec> b16;
+  std::vector<SeqSpec> b16, b33, b64;
   for (int s = 0; s < 16; ++s) b16.push_back({(s * 397) % 3000, 1});
+  for (int s = 0; s < 33; ++s) b33.push_back({(s * 211) % 1500, 1});
+  for (int s = 0; s < 64; ++s) b64.push_back({(s * 131) % 2500, 1});
   mla_case(*this, {{0, 1}}, kNarrow, 16, 0, "one token, context 1 (tiled)");
   mla_case(*this, {{32767, 1}}, kNarrow, 64, 0, "decode at 32k, one sequence (tiled, split keys)");
   mla_case(*this, {{50, 40}}, kNarrow, 16, 32, "prefill over 32 selected keys per token (tiled)");
@@ -775,6 +777,9 @@ TEST_F(BackendParityFp8Kv, MlaAttentionDecodePrefillAndSelected) {
   mla_case(*this, {{2000, 1}, {5000, 1}, {1, 1}}, kDeepseek, 64, 0, "DeepSeek-V3 decode, 3 sequences (wgmma)");
   mla_case(*this, {{0, 300}}, kNarrow, 16, 0, "prefill of 300 from position 0 (wgmma)");
   mla_case(*this, b16, kGlm5, 64, 0, "GLM-5 decode, 16 mixed sequences (wgmma, 8 splits)");
+  // On 132 SMs these two split 4 and 2 ways, which merge in a thread-block cluster.
+  mla_case(*this, b33, kGlm5, 64, 0, "GLM-5 decode, 33 mixed sequences (wgmma, 4 splits)");
+  mla_case(*this, b64, kGlm5, 64, 2048, "GLM-5 decode, 64 sequences over 2,048 selected keys (2 splits)");
   mla_case(*this, {{4095, 1}, {100, 1}, {3, 1}}, kGlm5, 64, 2048, "GLM-5 decode over 2,048 selected keys (wgmma)");
   mla_case(*this, {{30, 5}, {7, 1}}, kTiny, 7, 0, "tiny fixture shape (fallback), block size 7");
   mla_case(*this, {{20, 3}, {0, 2}}, kTiny, 4, 6, "tiny shape (fallback), 6 selected keys");
