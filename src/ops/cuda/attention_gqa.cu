@@ -6,7 +6,7 @@
 // of 8 heads fills half of one m16n8k16 tile instead of one row of it.
 //
 // One kernel, two configurations (attention_mma_kernel, shapes in DecodeTile / PrefillTile),
-// and a wgmma kernel for prefill at head dim 128 (attention_gqa_wgmma.cu):
+// and a wgmma kernel for prefill of a BF16 cache at head dim 128 (attention_gqa_wgmma.cu):
 // - Decode (a sequence's rows fit 16): the warps of a block share the 16 rows and split each
 //   64-key tile between them, then merge their softmax states. The keys of a (sequence, KV
 //   head) are also split over enough blocks to fill the GPU even for one sequence
@@ -48,9 +48,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxHeadDim = 256;
 
 using gqa::KernelArgs;
-using gqa::RowTile;
 using gqa::slot_of;
-using gqa::slot_or_none;
 
 // A block's tiles: kBlockN keys at a time, kStages K/V tiles in shared memory (kStages - 1
 // in flight while one is computed). Prefill (kSplitKeys false): each warp owns 16 query rows
@@ -103,6 +101,13 @@ struct TileShape {
 
 // ---- the mma kernel ----
 
+// One block's work: a tile of packed query rows of one (sequence, KV head), one key split.
+struct RowTile {
+  int seq, kv_head, split;
+  int token_begin, n_rows, row0;  // rows [row0, row0 + kRows) of the sequence's n_rows
+  int key_begin, key_end;         // keys of this split, already cut at the rows' last position
+};
+
 // The two rows (g and g + 8 of its warp's 16) whose scores and outputs a lane holds.
 struct LaneRows {
   bool valid[2];
@@ -147,6 +152,12 @@ __device__ __forceinline__ void load_q_tile(const KernelArgs& a, const RowTile& 
     }
     cp_async_16(smem_addr(q_smem + r * T::kStride + 8 * c), src, valid);
   }
+}
+
+// The cache slot of `key`, or -1 past the split's keys (their block-table entries may be
+// garbage and are never read).
+__device__ __forceinline__ int slot_or_none(const KernelArgs& a, const RowTile& w, int key) {
+  return key < w.key_end ? slot_of(a, w.seq, key) : -1;
 }
 
 // Copies the K and V rows of a tile's slots (found earlier, in shared memory); rows of slot -1
@@ -203,8 +214,14 @@ __device__ __forceinline__ void widen_tile(const uint8_t* k_stage, const uint8_t
   constexpr int kRowChunks = T::kD / 16, kChunks = T::kKeys * kRowChunks;
   constexpr int kPerThread = (kChunks + T::kThreads - 1) / T::kThreads;
   const auto widen = [](const uint8_t* src, uint16_t* dst) {
+    const uint4 v = *reinterpret_cast<const uint4*>(src);
     uint32_t out[8];
-    widen_e4m3x16(*reinterpret_cast<const uint4*>(src), out);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t h = e4m3x2_to_f16x2(word(v, i / 2) >> (16 * (i & 1)));
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+      out[i] = pack_bf16x2(f.x, f.y);
+    }
     reinterpret_cast<uint4*>(dst)[0] = make_uint4(out[0], out[1], out[2], out[3]);
     reinterpret_cast<uint4*>(dst)[1] = make_uint4(out[4], out[5], out[6], out[7]);
   };
@@ -933,7 +950,7 @@ PagedAttentionPlan make_plan(const PagedAttentionParams& p, int sm_count) {
   plan.head_dim_tile = d <= 64 ? 64 : d <= 128 ? 128 : 256;
   const int64_t rows = int64_t(p.max_query_len) * (p.n_heads / p.n_kv_heads);
   const bool decode = rows <= kDecodeRows;
-  const bool wgmma = !decode && p.d_k == gqa::kWgmmaHeadDim && p.d_v == gqa::kWgmmaHeadDim;
+  const bool wgmma = !decode && !p.fp8_cache && p.d_k == gqa::kWgmmaHeadDim && p.d_v == gqa::kWgmmaHeadDim;
   plan.path = decode ? PagedAttentionPath::Decode : wgmma ? PagedAttentionPath::PrefillWgmma : PagedAttentionPath::Prefill;
   const TileGeometry tile = wgmma ? TileGeometry{gqa::kWgmmaRows, gqa::kWgmmaKeys, gqa::kWgmmaBlocksPerSm}
                                   : tile_geometry(plan.head_dim_tile, decode, p.fp8_cache);
@@ -981,6 +998,13 @@ WorkspaceLayout workspace_layout(const PagedAttentionParams& p, const PagedAtten
 template <class T>
 void launch_mma(const KernelLaunch& launch, const KernelArgs& a, const PagedAttentionPlan& plan) {
   const auto kernel = attention_mma_kernel<T>;
+  if constexpr (T::kSmemBytes > 48 * 1024) {
+    static const bool raised = [&] {  // once per process (for the current device)
+      TETRA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+      return true;
+    }();
+    (void)raised;
+  }
   const dim3 grid(unsigned(plan.n_row_tiles) * unsigned(plan.n_splits), unsigned(a.p.n_kv_heads),
                   unsigned(a.p.n_seqs));
   launch_kernel(launch, kernel, grid, T::kThreads, T::kSmemBytes, a);

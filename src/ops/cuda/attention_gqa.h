@@ -47,8 +47,8 @@ enum class PagedAttentionPath : uint8_t {
   Decode,    // mma.sync; a sequence's query rows (tokens x group) fit one 16-row tile, whose
              // warps split each key tile; keys split over blocks to fill the GPU
   Prefill,   // mma.sync; 8 warps a block: 128 query rows (64 at d 256) share each K/V tile
-  PrefillWgmma,  // wgmma (d_k = d_v = 128, BF16 or FP8 cache): two warpgroups' 128 query rows
-                 // share each K/V tile, Q K^T and P V read from shared memory
+  PrefillWgmma,  // wgmma (BF16 cache, d_k = d_v = 128): two warpgroups' 128 query rows
+                 // share each 64-key K/V tile, Q K^T and P V read from shared memory
   Fallback,  // one warp per (token, head), f32 CUDA cores: head dims not a multiple of 8,
              // or tensors not 16-byte aligned
 };

@@ -1,5 +1,5 @@
 // What the GQA attention kernels share (attention_gqa.cu's mma.sync and fallback kernels,
-// attention_gqa_wgmma.cu's prefill kernel): the launch arguments, a key's cache slot, a block's row tile, and the
+// attention_gqa_wgmma.cu's prefill kernel): the launch arguments, a key's cache slot, and the
 // wgmma prefill kernel's tile and launch.
 #pragma once
 
@@ -8,9 +8,6 @@
 #include "core/fast_divide.h"
 #include "ops/cuda/attention_gqa.h"
 #include "ops/cuda/launch.h"
-#if defined(__CUDACC__)
-#include "ops/cuda/mma_sync.cuh"
-#endif
 
 namespace tetra::ops::cuda::gqa {
 
@@ -34,26 +31,11 @@ __device__ __forceinline__ int slot_of(const KernelArgs& a, int seq, int key) {
   const int block = a.p.block_tables[int64_t(seq) * a.p.max_blocks_per_seq + index];
   return block * a.p.block_size + int(a.block.remainder(uint32_t(key), index));
 }
-
-// One block's work, in both prefill kernels: a tile of packed query rows of one (sequence, KV
-// head), one key split.
-struct RowTile {
-  int seq, kv_head, split;
-  int token_begin, n_rows, row0;  // rows [row0, row0 + rows a block) of the sequence's n_rows
-  int key_begin, key_end;         // keys of this split, already cut at the rows' last position
-};
-
-// The cache slot of `key`, or -1 past the split's keys (their block-table entries may be
-// garbage and are never read).
-__device__ __forceinline__ int slot_or_none(const KernelArgs& a, const RowTile& w, int key) {
-  return key < w.key_end ? slot_of(a, w.seq, key) : -1;
-}
 #endif
 
-// The wgmma prefill kernel (PagedAttentionPath::PrefillWgmma): d_k = d_v = 128, a BF16 or FP8
-// cache; a block is 128 query rows (two consumer warpgroups) against 128-key tiles, one block
-// an SM.
-constexpr int kWgmmaHeadDim = 128, kWgmmaRows = 128, kWgmmaKeys = 128, kWgmmaBlocksPerSm = 1;
+// The wgmma prefill kernel (PagedAttentionPath::PrefillWgmma): BF16 cache, d_k = d_v = 128;
+// a block is 128 query rows against 64-key tiles, two blocks an SM.
+constexpr int kWgmmaHeadDim = 128, kWgmmaRows = 128, kWgmmaKeys = 64, kWgmmaBlocksPerSm = 2;
 
 // grid: (row tiles x KV heads x splits, sequences), the longest row tiles first.
 void launch_prefill_wgmma(const KernelLaunch& launch, const KernelArgs& a, const PagedAttentionPlan& plan);
